@@ -1,0 +1,265 @@
+"""The `pal` command line.
+
+Exit codes: 0 success; 1 the run failed or was cancelled; 2 invalid input (graph, JSON, option);
+3 no such run; 4 the journal database failed; 5 timed out waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from pal.config import Settings, load_settings
+from pal.errors import ConfigError, GraphError, InputError, PalError, RunNotFound, StorageError
+from pal.graph import load_graph_text
+
+EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_NOT_FOUND, EXIT_STORAGE, EXIT_TIMEOUT = 1, 2, 3, 4, 5
+
+app = typer.Typer(help="PAL: durable AI-agent graphs on Celery.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+db_app = typer.Typer(help="Journal database.", no_args_is_help=True)
+runs_app = typer.Typer(help="Inspect runs.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(runs_app, name="runs")
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _settings() -> Settings:
+    try:
+        return load_settings()
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+
+
+def _exit_code(exc: PalError) -> int:
+    if isinstance(exc, GraphError | InputError | ConfigError):
+        return EXIT_BAD_INPUT
+    if isinstance(exc, RunNotFound):
+        return EXIT_NOT_FOUND
+    if isinstance(exc, StorageError):
+        return EXIT_STORAGE
+    return 1
+
+
+def _client() -> Any:
+    from pal.client import Client
+
+    try:
+        return Client(_settings())
+    except PalError as exc:
+        _fail(str(exc), _exit_code(exc))
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Apply the journal schema migrations (idempotent)."""
+    from pal.database import shared_engine
+    from pal.schema.migrate import current_revision, upgrade
+
+    settings = _settings()
+    engine = shared_engine(settings.database_url)
+    try:
+        upgrade(engine)
+        typer.echo(f"journal at revision {current_revision(engine)} ({engine.url!r})")
+    except Exception as exc:  # alembic and drivers raise their own types; show them plainly
+        _fail(f"migration failed: {exc}", EXIT_STORAGE)
+
+
+@app.command()
+def worker(
+    concurrency: Annotated[int | None, typer.Option(help="Worker processes.")] = None,
+    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "info",
+    pool: Annotated[str, typer.Option(help="Celery pool: prefork, threads, solo.")] = "prefork",
+) -> None:
+    """Run a Celery worker that executes graph nodes (same as `celery -A pal.workers worker`)."""
+    from pal.workers import app as celery_app
+
+    argv = ["worker", f"--loglevel={loglevel}", f"--pool={pool}",
+            f"--queues={celery_app.runtime.settings.queue}"]
+    if concurrency:
+        argv.append(f"--concurrency={concurrency}")
+    if celery_app.runtime.settings.is_embedded_broker:
+        argv += ["--without-mingle", "--without-gossip", "--without-heartbeat"]
+    celery_app.worker_main(argv)
+
+
+def _read_json(text: str | None, what: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        _fail(f"{what} is not JSON: {exc}", EXIT_BAD_INPUT)
+
+
+@app.command()
+def run(
+    graph: Annotated[Path, typer.Argument(help="Graph file, JSON or YAML.")],
+    input: Annotated[str | None, typer.Option("--input", "-i", help="Run input, JSON.")] = None,
+    run_id: Annotated[str | None, typer.Option(help="Your own run id (idempotent).")] = None,
+    follow: Annotated[bool, typer.Option(help="Show steps live until the run ends.")] = True,
+    timeout: Annotated[float, typer.Option(help="Seconds to follow before giving up.")] = 300.0,
+) -> None:
+    """Enqueue a run of GRAPH, then follow it step by step (workers must be running)."""
+    from pal.progress import console, describe
+    from pal.progress import follow as follow_run
+
+    if not graph.is_file():
+        _fail(f"graph file {graph} does not exist", EXIT_BAD_INPUT)
+    run_input = _read_json(input, "--input")
+    client = _client()
+    try:
+        document = load_graph_text(graph.read_text(),
+                                   max_bytes=client.settings.max_graph_bytes)
+        new_id = client.start_run(document, run_input, run_id=run_id)
+    except PalError as exc:
+        _fail(str(exc), _exit_code(exc))
+    out = console()
+    out.print(f"run {new_id} queued")
+    if not follow:
+        return
+    final = follow_run(lambda seq: client.events(new_id, seq), lambda: client.get_run(new_id),
+                       lambda e: out.print("  " + describe(e)), timeout=timeout)
+    if final is None:
+        _fail(f"run {new_id} not finished after {timeout:g}s (is a worker running?)",
+              EXIT_TIMEOUT)
+    out.print(f"run {new_id} {final.status}")
+    if final.status != "succeeded":
+        raise typer.Exit(EXIT_RUN_FAILED)
+
+
+def _print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, default=str))
+
+
+@runs_app.command("list")
+def runs_list(
+    status: Annotated[str | None, typer.Option(help="Only runs with this status.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 20,
+    offset: Annotated[int, typer.Option(min=0)] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """List runs, newest first."""
+    from pal.progress import console, runs_table
+    from pal.schema import IN_FLIGHT_STATUSES, TERMINAL_STATUSES
+
+    valid = (*IN_FLIGHT_STATUSES, "waiting", *TERMINAL_STATUSES)
+    if status is not None and status not in valid:
+        _fail(f"unknown status {status!r} (one of: {', '.join(valid)})", EXIT_BAD_INPUT)
+    try:
+        records = _client().list_runs(status=status, limit=limit, offset=offset)
+    except PalError as exc:
+        _fail(str(exc), _exit_code(exc))
+    if as_json:
+        _print_json([r.as_dict() for r in records])
+    else:
+        console().print(runs_table(records))
+
+
+@runs_app.command("show")
+def runs_show(
+    run_id: str,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Show one run."""
+    try:
+        record = _client().get_run(run_id)
+    except PalError as exc:
+        _fail(str(exc), _exit_code(exc))
+    data = record.as_dict()
+    if as_json:
+        _print_json(data)
+        return
+    for key, value in data.items():
+        typer.echo(f"{key:>15}: {json.dumps(value, default=str)}")
+
+
+@runs_app.command("events")
+def runs_events(
+    run_id: str,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Print a run's journal."""
+    from pal.progress import console, journal_table
+
+    try:
+        events = _client().events(run_id)
+    except PalError as exc:
+        _fail(str(exc), _exit_code(exc))
+    if as_json:
+        _print_json([e.as_dict() for e in events])
+    else:
+        console().print(journal_table(events, f"journal of {run_id}"))
+
+
+@app.command()
+def demo(
+    tickets: Annotated[int, typer.Option(min=1, max=len(__import__("pal.demo").demo.DEMO_TICKETS),
+                                         help="How many tickets to triage.")] = 3,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the runs.")] = 120.0,
+) -> None:
+    """Triage support tickets with an agent graph, one node per Celery message, and print the
+    journal. Uses the embedded default (SQLite + filesystem broker) unless PAL_* say otherwise."""
+    from pal import demo as demo_module
+    from pal.database import shared_engine
+    from pal.progress import console, describe, journal_table
+    from pal.schema.migrate import upgrade
+
+    settings = _settings()
+    out = console()
+    out.print(f"[bold]PAL demo[/bold]: journal {settings.database_url}, broker {settings.broker_url}")
+    upgrade(shared_engine(settings.database_url))
+    out.print("schema up to date; starting a `pal worker` process (2 children)…")
+    worker_process = demo_module.start_worker_process(settings.home)
+    try:
+        client = _client()
+        names: dict[str, str] = {}
+        for ticket in demo_module.DEMO_TICKETS[:tickets]:
+            run_id = client.start_run(demo_module.TRIAGE_GRAPH, ticket)
+            names[run_id] = ticket["id"]
+            out.print(f"queued {run_id} for ticket {ticket['id']}: {ticket['text']!r}")
+        seen = dict.fromkeys(names, 0)
+
+        def drain() -> bool:
+            for run_id, last in seen.items():
+                for event in client.events(run_id, last):
+                    out.print(f"  [{names[run_id]}] {describe(event)}")
+                    seen[run_id] = event.seq
+            return all(client.get_run(r).terminal for r in names)
+
+        if not demo_module.wait_until(drain, timeout):
+            _fail(f"runs not finished after {timeout:g}s; see {settings.home}/demo-worker.log",
+                  EXIT_TIMEOUT)
+        drain()
+        failed = 0
+        for run_id, ticket_id in names.items():
+            record = client.get_run(run_id)
+            failed += record.status != "succeeded"
+            out.print(journal_table(client.events(run_id),
+                                    f"journal of {run_id} (ticket {ticket_id}): {record.status}"))
+        out.print(f"{len(names) - failed} of {len(names)} runs succeeded; "
+                  f"each step above was one Celery message. Inspect with `pal runs list`.")
+        if failed:
+            raise typer.Exit(EXIT_RUN_FAILED)
+    finally:
+        demo_module.stop_process(worker_process)
+
+
+def main() -> None:
+    try:
+        app()
+    except PalError as exc:  # anything not mapped by a command: a clean message, not a trace
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(_exit_code(exc))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""`pal.Client`: start runs and inspect them from Python."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pal.config import Settings, load_settings
+from pal.errors import PalError
+from pal.journal import Event, RunRecord
+from pal.runs import start_run
+
+
+class RunTimeout(PalError):
+    """The run did not finish in time."""
+
+
+class Client:
+    """Talks to the journal directly and publishes through the Celery broker.
+
+    >>> client = Client()                       # settings from PAL_* variables
+    >>> run_id = client.start_run(graph, {"ticket": "..."})
+    >>> client.wait(run_id).status
+    'succeeded'
+    """
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        from pal.workers.app import create_app
+
+        self.settings = settings or load_settings()
+        self.app = create_app(self.settings)
+        self.runtime = self.app.runtime
+
+    def start_run(self, graph: Any, input: Any = None, *, run_id: str | None = None,
+                  tenant_id: str | None = None) -> str:
+        """Validate and enqueue; the same `run_id` twice returns the existing run."""
+        record, _ = start_run(self.runtime, graph, input, run_id=run_id, tenant_id=tenant_id)
+        return record.id
+
+    def get_run(self, run_id: str) -> RunRecord:
+        return self.runtime.journal.get_run(run_id)
+
+    def events(self, run_id: str, after_seq: int = 0) -> list[Event]:
+        self.runtime.journal.get_run(run_id)  # RunNotFound for an unknown id
+        return self.runtime.journal.events(run_id, after_seq)
+
+    def list_runs(self, *, status: str | None = None, limit: int = 50,
+                  offset: int = 0) -> list[RunRecord]:
+        return self.runtime.journal.list_runs(status=status, limit=limit, offset=offset)
+
+    def wait(self, run_id: str, timeout: float = 60.0, poll: float = 0.05) -> RunRecord:
+        """Poll until the run is terminal; RunTimeout after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            run = self.get_run(run_id)
+            if run.terminal:
+                return run
+            if time.monotonic() > deadline:
+                raise RunTimeout(f"run {run_id} still {run.status} after {timeout:g}s")
+            time.sleep(poll)
+
+    def close(self) -> None:
+        self.app.close()

@@ -1,0 +1,157 @@
+"""Settings from PAL_* environment variables, parsed once, each with a named default.
+
+With nothing set PAL uses the embedded default: a SQLite journal and a filesystem broker under
+`PAL_HOME` (./.pal), so the demo and a multi-process `pal worker` need no server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pal.durations import parse_go_duration
+from pal.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOME = ".pal"
+DEFAULT_BROKER_URL = "filesystem://"
+DEFAULT_QUEUE = "pal"
+DEFAULT_TENANT = "default"
+DEFAULT_LEASE_TTL_SECONDS = 30.0
+DEFAULT_RECOVERY_INTERVAL_SECONDS = 30.0
+DEFAULT_FILESYSTEM_POLL_SECONDS = 0.02
+DEFAULT_MAX_GRAPH_BYTES = 1_000_000
+DEFAULT_MAX_INPUT_BYTES = 1_000_000
+DEFAULT_VISIBILITY_TIMEOUT_SECONDS = 3600
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every PAL setting; `load_settings` documents the variable behind each field."""
+
+    home: Path
+    database_url: str
+    broker_url: str
+    queue: str
+    broker_key_prefix: str
+    tenant: str
+    lease_ttl: float
+    recovery_interval: float
+    tool_modules: tuple[str, ...]
+    worker_concurrency: int | None
+    max_graph_bytes: int
+    max_input_bytes: int
+    filesystem_poll: float
+
+    @property
+    def is_embedded_broker(self) -> bool:
+        return self.broker_url.startswith("filesystem://")
+
+    @property
+    def broker_folder(self) -> Path:
+        return self.home / "broker"
+
+    def with_(self, **changes: object) -> Settings:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = parse_go_duration(raw) if not _is_plain_number(raw) else float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not a duration (examples: 30s, 1m30s, 500ms)") from exc
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r} must be positive")
+    return value
+
+
+def _is_plain_number(raw: str) -> bool:
+    try:
+        float(raw)
+    except ValueError:
+        return False
+    return True
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from exc
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r} must be positive")
+    return value
+
+
+def recovery_interval(raw: str | None) -> float:
+    """PAL_RECOVERY_INTERVAL as the specification defines it.
+
+    A Go duration; an invalid, empty or non-positive value falls back to 30 s with a warning,
+    so the sweep can never be disabled.
+    """
+    if raw is None or not raw.strip():
+        return DEFAULT_RECOVERY_INTERVAL_SECONDS
+    try:
+        value = parse_go_duration(raw)
+    except ValueError:
+        log.warning("PAL_RECOVERY_INTERVAL=%r is not a Go duration; using 30s", raw)
+        return DEFAULT_RECOVERY_INTERVAL_SECONDS
+    if value <= 0:
+        log.warning("PAL_RECOVERY_INTERVAL=%r is not positive; using 30s", raw)
+        return DEFAULT_RECOVERY_INTERVAL_SECONDS
+    return value
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Read the settings from `env` (default: the process environment).
+
+    PAL_HOME                 folder for the embedded journal and broker (default ./.pal)
+    PAL_DATABASE_URL         SQLAlchemy URL of the journal (default sqlite:///$PAL_HOME/pal.db)
+    PAL_BROKER_URL           Celery broker (default filesystem://, folders under $PAL_HOME/broker)
+    PAL_QUEUE                Celery queue the tasks use (default "pal")
+    PAL_BROKER_KEY_PREFIX    Redis key prefix for every broker key (default none)
+    PAL_TENANT               tenant of runs started from this process (default "default")
+    PAL_LEASE_TTL            lease length, a duration (default 30s)
+    PAL_RECOVERY_INTERVAL    orphan sweep period, a Go duration (default 30s; bad values -> 30s)
+    PAL_TOOL_MODULES         comma-separated modules that register tools with @pal.tool
+    PAL_WORKER_CONCURRENCY   processes per `pal worker` (default: Celery's, the CPU count)
+    PAL_MAX_GRAPH_BYTES      largest accepted graph document (default 1,000,000 bytes)
+    PAL_MAX_INPUT_BYTES      largest accepted run input as JSON (default 1,000,000 bytes)
+    PAL_FILESYSTEM_POLL      poll period of the embedded broker (default 20ms)
+    """
+    env = os.environ if env is None else env
+    home = Path(env.get("PAL_HOME", "").strip() or DEFAULT_HOME).absolute()
+    database_url = env.get("PAL_DATABASE_URL", "").strip() or f"sqlite:///{home / 'pal.db'}"
+    concurrency_raw = env.get("PAL_WORKER_CONCURRENCY", "").strip()
+    tool_modules = tuple(
+        m.strip() for m in env.get("PAL_TOOL_MODULES", "").split(",") if m.strip()
+    )
+    return Settings(
+        home=home,
+        database_url=database_url,
+        broker_url=env.get("PAL_BROKER_URL", "").strip() or DEFAULT_BROKER_URL,
+        queue=env.get("PAL_QUEUE", "").strip() or DEFAULT_QUEUE,
+        broker_key_prefix=env.get("PAL_BROKER_KEY_PREFIX", "").strip(),
+        tenant=env.get("PAL_TENANT", "").strip() or DEFAULT_TENANT,
+        lease_ttl=_positive_float(env, "PAL_LEASE_TTL", DEFAULT_LEASE_TTL_SECONDS),
+        recovery_interval=recovery_interval(env.get("PAL_RECOVERY_INTERVAL")),
+        tool_modules=tool_modules,
+        worker_concurrency=(
+            _int(env, "PAL_WORKER_CONCURRENCY", 1) if concurrency_raw else None
+        ),
+        max_graph_bytes=_int(env, "PAL_MAX_GRAPH_BYTES", DEFAULT_MAX_GRAPH_BYTES),
+        max_input_bytes=_int(env, "PAL_MAX_INPUT_BYTES", DEFAULT_MAX_INPUT_BYTES),
+        filesystem_poll=_positive_float(
+            env, "PAL_FILESYSTEM_POLL", DEFAULT_FILESYSTEM_POLL_SECONDS
+        ),
+    )

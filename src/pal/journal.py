@@ -1,0 +1,416 @@
+"""The storage boundary: the only module that opens transactions.
+
+Every correctness decision is taken inside one transaction, fenced by the run's lease row:
+claims and completions first UPDATE `run_locks ... WHERE generation = :g`, which both proves the
+caller still holds the lease and serializes all writers of that run (a row lock on Postgres,
+the database write lock on SQLite). Unique partial indexes make step_completed once per step and
+the terminal event once per run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from enum import Enum
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine
+
+from pal.errors import LeaseLost, RunNotFound, StorageError
+from pal.interpreter import Handoff
+from pal.schema import (
+    IN_FLIGHT_STATUSES,
+    TERMINAL_STATUSES,
+    journal_events,
+    run_locks,
+    runs,
+)
+
+TERMINAL_EVENT = {"succeeded": "run_succeeded", "failed": "run_failed", "cancelled": "run_cancelled"}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    tenant_id: str
+    kind: str
+    status: str
+    graph: Any
+    graph_hash: str | None
+    input: Any
+    output: Any
+    error: Any
+    parent_run_id: str | None
+    parent_step_id: str | None
+    cost_usd: Decimal
+    input_tokens: int
+    output_tokens: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "tenant_id": self.tenant_id, "kind": self.kind, "status": self.status,
+            "graph_hash": self.graph_hash, "input": self.input, "output": self.output,
+            "error": self.error, "parent_run_id": self.parent_run_id,
+            "parent_step_id": self.parent_step_id, "cost_usd": str(self.cost_usd),
+            "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+            "created_at": _iso(self.created_at), "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+        }
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    run_id: str
+    step_id: str | None
+    attempt: int | None
+    kind: str
+    payload: Any
+    generation: int
+    created_at: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq, "run_id": self.run_id, "step_id": self.step_id,
+            "attempt": self.attempt, "kind": self.kind, "payload": self.payload,
+            "generation": self.generation, "created_at": _iso(self.created_at),
+        }
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_id: str
+    worker_id: str
+    expires_at: datetime
+    generation: int
+
+
+class ClaimOutcome(Enum):
+    RUN = "run"  # step_started appended: execute the node
+    COMPLETED = "completed"  # the step already has step_completed: nothing to do
+    DUPLICATE = "duplicate"  # this attempt is already claimed under this generation
+    STALE = "stale"  # the message's generation is not the lease's (or the run has no lease)
+    TERMINAL = "terminal"  # the run is over
+
+
+@dataclass(frozen=True)
+class Claim:
+    outcome: ClaimOutcome
+    run: RunRecord | None = None
+    attempt: int = 0
+    completed: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Recovery:
+    generation: int
+    resumed_steps: tuple[str, ...]
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _json_safe(value: Any) -> Any:
+    """Round-trip through JSON so what we store is exactly what a reader gets back."""
+    return json.loads(json.dumps(value))
+
+
+class Journal:
+    """Named operations on the journal database. Time is always passed in (`now`)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._insert: Callable[..., Any] = (
+            postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+        )
+
+    @contextmanager
+    def _tx(self) -> Iterator[sa.Connection]:
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except sa.exc.DBAPIError as exc:
+            message = str(exc.orig)
+            if "no such table" in message or "does not exist" in message:
+                message += " (is the schema installed? run `pal db upgrade`)"
+            raise StorageError(f"journal database error: {message}") from exc
+
+    # ----------------------------------------------------------------- writes
+
+    def create_run(
+        self,
+        *,
+        run_id: str,
+        tenant_id: str,
+        kind: str,
+        graph: Any,
+        graph_hash: str | None,
+        run_input: Any,
+        now: datetime,
+        lease_ttl: float,
+    ) -> tuple[RunRecord, bool]:
+        """Insert a queued run, its `run_queued` event and its first lease (generation 1).
+
+        Idempotent on `run_id`: a second call returns the existing run and `False`.
+        """
+        with self._tx() as conn:
+            inserted = conn.execute(
+                self._insert(runs)
+                .values(
+                    id=run_id, tenant_id=tenant_id, kind=kind, graph=graph,
+                    graph_hash=graph_hash, input=run_input, status="queued", tier="shared",
+                    cost_usd=Decimal(0), input_tokens=0, output_tokens=0, created_at=now,
+                )
+                .on_conflict_do_nothing()
+                .returning(runs.c.id)
+            ).first()
+            if inserted is not None:
+                self._append(conn, run_id, None, None, "run_queued",
+                             {"graph_hash": graph_hash}, 1, now)
+                conn.execute(
+                    run_locks.insert().values(
+                        run_id=run_id, worker_id="queued",
+                        expires_at=now + timedelta(seconds=lease_ttl), generation=1,
+                    )
+                )
+            record = self._run(conn, run_id)
+        return record, inserted is not None
+
+    def claim_step(
+        self, *, run_id: str, step_id: str, generation: int, worker_id: str,
+        now: datetime, lease_ttl: float,
+    ) -> Claim:
+        """Step protocol, phase 1: fence on the lease and append `step_started`."""
+        with self._tx() as conn:
+            if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
+                status = conn.execute(
+                    sa.select(runs.c.status).where(runs.c.id == run_id)
+                ).scalar()
+                terminal = status is None or status in TERMINAL_STATUSES
+                return Claim(ClaimOutcome.TERMINAL if terminal else ClaimOutcome.STALE)
+            run = self._run(conn, run_id)
+            if run.terminal:
+                return Claim(ClaimOutcome.TERMINAL, run)
+            rows = conn.execute(
+                sa.select(journal_events.c.step_id, journal_events.c.kind,
+                          journal_events.c.payload)
+                .where(journal_events.c.run_id == run_id,
+                       journal_events.c.kind.in_(("step_completed", "step_retrying")))
+            ).all()
+            completed = {r.step_id: r.payload.get("output") for r in rows
+                         if r.kind == "step_completed"}
+            if step_id in completed:
+                return Claim(ClaimOutcome.COMPLETED, run)
+            # The attempt comes from the journal: a crash mid-attempt resumes the same attempt.
+            attempt = 1 + sum(1 for r in rows if r.kind == "step_retrying" and r.step_id == step_id)
+            started = self._append(conn, run_id, step_id, attempt, "step_started",
+                                   {"attempt": attempt, "worker": worker_id}, generation, now,
+                                   on_conflict_skip=True)
+            if started is None:
+                return Claim(ClaimOutcome.DUPLICATE, run)
+            if run.status == "queued":
+                conn.execute(
+                    runs.update()
+                    .where(runs.c.id == run_id, runs.c.status == "queued")
+                    .values(status="running", started_at=now)
+                )
+        return Claim(ClaimOutcome.RUN, run, attempt, completed)
+
+    def renew_lease(
+        self, *, run_id: str, generation: int, worker_id: str, now: datetime, lease_ttl: float
+    ) -> bool:
+        """Heartbeat: extend the lease if this generation still holds it."""
+        with self._tx() as conn:
+            return self._fence(conn, run_id, generation, worker_id, now, lease_ttl)
+
+    def complete_step(
+        self, *, run_id: str, step_id: str, attempt: int, generation: int, output: Any,
+        worker_id: str, now: datetime, lease_ttl: float,
+        plan: Callable[[Mapping[str, Any]], Handoff],
+    ) -> Handoff:
+        """Step protocol, phase 3: `step_completed`, successor hand-off and maybe the finish,
+        in one transaction fenced by generation. Raises LeaseLost when fenced out."""
+        with self._tx() as conn:
+            if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
+                raise LeaseLost(f"run {run_id}: generation {generation} no longer holds the lease")
+            seq = self._append(conn, run_id, step_id, attempt, "step_completed",
+                               {"output": _json_safe(output)}, generation, now,
+                               on_conflict_skip=True)
+            if seq is None:
+                return Handoff(dispatch=(), finished=False)
+            decision = plan(self._completed(conn, run_id))
+            if decision.finished:
+                self._finish(conn, run_id, "succeeded", generation, now,
+                             output=_json_safe(decision.output))
+            return decision
+
+    def fail_step(
+        self, *, run_id: str, step_id: str, attempt: int, generation: int,
+        error: Mapping[str, Any], worker_id: str, now: datetime, lease_ttl: float,
+    ) -> bool:
+        """Journal `step_failed` and fail the run; False when fenced out or already terminal."""
+        with self._tx() as conn:
+            if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
+                return False
+            self._append(conn, run_id, step_id, attempt, "step_failed", {"error": dict(error)},
+                         generation, now)
+            return self._finish(conn, run_id, "failed", generation, now,
+                                error={**error, "step_id": step_id})
+
+    def recover_run(
+        self, *, run_id: str, worker_id: str, now: datetime, lease_ttl: float,
+        plan: Callable[[RunRecord, Mapping[str, Any]], Sequence[str]],
+        require_expired: bool = True,
+    ) -> Recovery | None:
+        """Steal the run's lease (generation + 1) and record which steps the re-drive resumes.
+
+        One UPSERT decides the winner: it only updates a lock that has expired (unless
+        `require_expired` is False, for an operator's explicit resume). None means nothing to do:
+        the run is terminal or not in flight, or another holder's lease is still live.
+        """
+        expires = now + timedelta(seconds=lease_ttl)
+        with self._tx() as conn:
+            run = self._run(conn, run_id)
+            if run.status not in IN_FLIGHT_STATUSES:
+                return None
+            stmt = self._insert(run_locks).values(
+                run_id=run_id, worker_id=worker_id, expires_at=expires, generation=1
+            )
+            update_where = run_locks.c.expires_at < now if require_expired else sa.true()
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[run_locks.c.run_id],
+                set_={"worker_id": worker_id, "expires_at": expires,
+                      "generation": run_locks.c.generation + 1},
+                where=update_where,
+            ).returning(run_locks.c.generation)
+            generation = conn.execute(stmt).scalar()
+            if generation is None:
+                return None
+            steps = tuple(plan(run, self._completed(conn, run_id)))
+            self._append(conn, run_id, None, None, "run_recovered",
+                         {"generation": generation, "resumed_steps": list(steps)},
+                         generation, now)
+        return Recovery(generation=generation, resumed_steps=steps)
+
+    # ------------------------------------------------------------------ reads
+
+    def get_run(self, run_id: str, tenant_id: str | None = None) -> RunRecord:
+        with self._tx() as conn:
+            run = self._run(conn, run_id)
+        if tenant_id is not None and run.tenant_id != tenant_id:
+            raise RunNotFound(f"no run {run_id!r}")
+        return run
+
+    def list_runs(
+        self, *, tenant_id: str | None = None, status: str | None = None,
+        limit: int = 50, offset: int = 0,
+    ) -> list[RunRecord]:
+        query = sa.select(runs).order_by(runs.c.created_at.desc(), runs.c.id).limit(limit)
+        if tenant_id is not None:
+            query = query.where(runs.c.tenant_id == tenant_id)
+        if status is not None:
+            query = query.where(runs.c.status == status)
+        with self._tx() as conn:
+            return [_run_record(r) for r in conn.execute(query.offset(offset)).mappings()]
+
+    def events(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
+        query = (
+            sa.select(journal_events)
+            .where(journal_events.c.run_id == run_id, journal_events.c.seq > after_seq)
+            .order_by(journal_events.c.seq)
+        )
+        if limit is not None:
+            query = query.limit(limit)
+        with self._tx() as conn:
+            return [Event(**dict(r)) for r in conn.execute(query).mappings()]
+
+    def completed_outputs(self, run_id: str) -> dict[str, Any]:
+        with self._tx() as conn:
+            return self._completed(conn, run_id)
+
+    def get_lease(self, run_id: str) -> Lease | None:
+        with self._tx() as conn:
+            row = conn.execute(
+                sa.select(run_locks).where(run_locks.c.run_id == run_id)
+            ).mappings().first()
+        return Lease(**dict(row)) if row else None
+
+    # --------------------------------------------------------------- helpers
+
+    def _fence(self, conn: sa.Connection, run_id: str, generation: int, worker_id: str,
+               now: datetime, lease_ttl: float) -> bool:
+        """Extend the lease iff `generation` holds it; locks the row for this transaction."""
+        row = conn.execute(
+            run_locks.update()
+            .where(run_locks.c.run_id == run_id, run_locks.c.generation == generation)
+            .values(expires_at=now + timedelta(seconds=lease_ttl), worker_id=worker_id)
+            .returning(run_locks.c.generation)
+        ).first()
+        return row is not None
+
+    def _append(self, conn: sa.Connection, run_id: str, step_id: str | None,
+                attempt: int | None, kind: str, payload: Mapping[str, Any], generation: int,
+                now: datetime, *, on_conflict_skip: bool = False) -> int | None:
+        values = {"run_id": run_id, "step_id": step_id, "attempt": attempt, "kind": kind,
+                  "payload": dict(payload), "generation": generation, "created_at": now}
+        stmt = self._insert(journal_events).values(**values)
+        if on_conflict_skip:
+            stmt = stmt.on_conflict_do_nothing()
+        seq: int | None = conn.execute(stmt.returning(journal_events.c.seq)).scalar()
+        return seq
+
+    def _completed(self, conn: sa.Connection, run_id: str) -> dict[str, Any]:
+        rows = conn.execute(
+            sa.select(journal_events.c.step_id, journal_events.c.payload).where(
+                journal_events.c.run_id == run_id, journal_events.c.kind == "step_completed"
+            )
+        )
+        return {r.step_id: r.payload.get("output") for r in rows}
+
+    def _run(self, conn: sa.Connection, run_id: str) -> RunRecord:
+        row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().first()
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        return _run_record(row)
+
+    def _finish(self, conn: sa.Connection, run_id: str, status: str, generation: int,
+                now: datetime, *, output: Any = None, error: Any = None) -> bool:
+        """Flip the status and append the terminal event together; only the flipper writes it."""
+        flipped = conn.execute(
+            runs.update()
+            .where(runs.c.id == run_id, runs.c.status.not_in(TERMINAL_STATUSES))
+            .values(status=status, output=output, error=error, finished_at=now)
+            .returning(runs.c.id)
+        ).first()
+        if flipped is None:
+            return False
+        payload = {"output": output} if status == "succeeded" else {"error": error}
+        self._append(conn, run_id, None, None, TERMINAL_EVENT[status], payload, generation, now)
+        conn.execute(run_locks.delete().where(run_locks.c.run_id == run_id))
+        return True
+
+
+def _run_record(row: sa.RowMapping) -> RunRecord:
+    return RunRecord(
+        id=row["id"], tenant_id=row["tenant_id"], kind=row["kind"], status=row["status"],
+        graph=row["graph"], graph_hash=row["graph_hash"], input=row["input"],
+        output=row["output"], error=row["error"], parent_run_id=row["parent_run_id"],
+        parent_step_id=row["parent_step_id"], cost_usd=Decimal(row["cost_usd"]),
+        input_tokens=row["input_tokens"], output_tokens=row["output_tokens"],
+        created_at=row["created_at"], started_at=row["started_at"],
+        finished_at=row["finished_at"],
+    )

@@ -1,0 +1,83 @@
+"""Starting and re-driving runs: validate everything first, then one transaction, then publish."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from pal import interpreter
+from pal.errors import InputError
+from pal.graph import parse_graph
+from pal.journal import Recovery, RunRecord
+from pal.runtime import Runtime
+from pal.steps import utcnow
+from pal.tools import registered_tools
+
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+def new_run_id() -> str:
+    return f"run_{uuid.uuid4().hex}"
+
+
+def check_run_input(run_input: Any, max_bytes: int) -> Any:
+    """The input as it will be stored; InputError when it is not JSON or too large."""
+    try:
+        text = json.dumps(run_input, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"run input must be JSON: {exc}") from exc
+    if len(text.encode()) > max_bytes:
+        raise InputError(f"run input is {len(text.encode())} bytes, over the limit of "
+                         f"{max_bytes} (PAL_MAX_INPUT_BYTES)")
+    return json.loads(text)
+
+
+def start_run(
+    rt: Runtime,
+    graph: Any,
+    run_input: Any = None,
+    *,
+    run_id: str | None = None,
+    tenant_id: str | None = None,
+) -> tuple[RunRecord, bool]:
+    """Validate, create the run (idempotent on `run_id`) and publish its trigger.
+
+    Returns the run and whether this call created it. Nothing is written for invalid input.
+    """
+    settings = rt.settings
+    if run_id is not None and (not isinstance(run_id, str) or not RUN_ID.match(run_id)):
+        raise InputError(f"run id {run_id!r} is invalid: 1-128 letters, digits, _ . : - "
+                         "starting with a letter or digit")
+    run_input = check_run_input(run_input, settings.max_input_bytes)
+    parsed = parse_graph(graph, known_tools=registered_tools(),
+                         max_bytes=settings.max_graph_bytes)
+    record, created = rt.journal.create_run(
+        run_id=run_id or new_run_id(), tenant_id=tenant_id or settings.tenant, kind="graph",
+        graph=parsed.document(), graph_hash=parsed.hash, run_input=run_input, now=utcnow(),
+        lease_ttl=settings.lease_ttl,
+    )
+    if created:
+        rt.publish(record.id, parsed.trigger_id, 1)
+    return record, created
+
+
+def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True) -> Recovery | None:
+    """Take over the run's lease and dispatch its first incomplete steps (a replay).
+
+    A finished run, or one whose lease is still live (when `require_expired`), is left alone.
+    """
+
+    def plan(run: RunRecord, completed: Mapping[str, Any]) -> tuple[str, ...]:
+        return interpreter.redrive_steps(rt.graph_of(run), completed)
+
+    recovery = rt.journal.recover_run(
+        run_id=run_id, worker_id=rt.worker_id, now=utcnow(), lease_ttl=rt.settings.lease_ttl,
+        plan=plan, require_expired=require_expired,
+    )
+    if recovery is not None:
+        for step_id in recovery.resumed_steps:
+            rt.publish(run_id, step_id, recovery.generation)
+    return recovery

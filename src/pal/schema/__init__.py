@@ -1,0 +1,165 @@
+"""The single definition of PAL's tables (SQLAlchemy Core). Migrations must agree with it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+
+TERMINAL_EVENT_KINDS = ("run_succeeded", "run_failed", "run_cancelled")
+TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
+IN_FLIGHT_STATUSES = ("queued", "running")
+
+metadata = sa.MetaData(
+    naming_convention={
+        "pk": "pk_%(table_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s",
+        "ix": "ix_%(table_name)s_%(column_0_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+    }
+)
+
+
+class UtcDateTime(sa.TypeDecorator[datetime]):
+    """Timezone-aware UTC timestamps on every backend (SQLite drops the zone; we put it back)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the journal; pass an aware UTC time")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _json() -> Any:
+    return sa.JSON().with_variant(JSONB(), "postgresql")
+
+
+_BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("id", sa.String(128), primary_key=True),
+    sa.Column("tenant_id", sa.String(64), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("graph", _json(), nullable=True),
+    sa.Column("graph_hash", sa.String(64), nullable=True),
+    sa.Column("input", _json(), nullable=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("output", _json(), nullable=True),
+    sa.Column("error", _json(), nullable=True),
+    sa.Column("parent_run_id", sa.String(128), nullable=True),
+    sa.Column("parent_step_id", sa.String(256), nullable=True),
+    sa.Column("tier", sa.String(16), nullable=False),
+    sa.Column("cost_usd", sa.Numeric(18, 8), nullable=False),
+    sa.Column("input_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("output_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("started_at", UtcDateTime(), nullable=True),
+    sa.Column("finished_at", UtcDateTime(), nullable=True),
+    sa.CheckConstraint("kind IN ('graph', 'llm')", name="kind"),
+    sa.CheckConstraint(
+        "status IN ('queued', 'running', 'waiting', 'succeeded', 'failed', 'cancelled')",
+        name="status",
+    ),
+    sa.CheckConstraint("tier IN ('shared', 'microvm')", name="tier"),
+)
+sa.Index("ix_runs_tenant_created", runs.c.tenant_id, runs.c.created_at)
+# Serves the orphan sweep: only in-flight runs are indexed, so finished runs cost nothing.
+sa.Index(
+    "ix_runs_in_flight",
+    runs.c.status,
+    runs.c.id,
+    postgresql_where=runs.c.status.in_(IN_FLIGHT_STATUSES),
+    sqlite_where=runs.c.status.in_(IN_FLIGHT_STATUSES),
+)
+
+journal_events = sa.Table(
+    "journal_events",
+    metadata,
+    sa.Column("seq", _BigId, primary_key=True, autoincrement=True),
+    sa.Column(
+        "run_id", sa.String(128), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("step_id", sa.String(256), nullable=True),
+    sa.Column("attempt", sa.Integer(), nullable=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("payload", _json(), nullable=False),
+    sa.Column("generation", sa.Integer(), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+)
+sa.Index("ix_journal_events_run_seq", journal_events.c.run_id, journal_events.c.seq)
+# Exactly-once completion is a constraint, not a hope: one step_completed per step...
+sa.Index(
+    "uq_journal_step_completed",
+    journal_events.c.run_id,
+    journal_events.c.step_id,
+    unique=True,
+    postgresql_where=journal_events.c.kind == "step_completed",
+    sqlite_where=journal_events.c.kind == "step_completed",
+)
+# ...one terminal event per run...
+sa.Index(
+    "uq_journal_terminal",
+    journal_events.c.run_id,
+    unique=True,
+    postgresql_where=journal_events.c.kind.in_(TERMINAL_EVENT_KINDS),
+    sqlite_where=journal_events.c.kind.in_(TERMINAL_EVENT_KINDS),
+)
+# ...and one claim of an attempt per lease generation, so a duplicate message cannot run a step
+# that another worker of the same generation is already running.
+sa.Index(
+    "uq_journal_step_started",
+    journal_events.c.run_id,
+    journal_events.c.step_id,
+    journal_events.c.attempt,
+    journal_events.c.generation,
+    unique=True,
+    postgresql_where=journal_events.c.kind == "step_started",
+    sqlite_where=journal_events.c.kind == "step_started",
+)
+
+run_locks = sa.Table(
+    "run_locks",
+    metadata,
+    sa.Column(
+        "run_id", sa.String(128), sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    ),
+    sa.Column("worker_id", sa.String(256), nullable=False),
+    sa.Column("expires_at", UtcDateTime(), nullable=False),
+    sa.Column("generation", sa.Integer(), nullable=False),
+)
+sa.Index("ix_run_locks_expires_at", run_locks.c.expires_at)
+
+side_effect_receipts = sa.Table(
+    "side_effect_receipts",
+    metadata,
+    sa.Column("idempotency_key", sa.String(64), primary_key=True),
+    sa.Column(
+        "run_id", sa.String(128), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("step_id", sa.String(256), nullable=False),
+    sa.Column("attempt", sa.Integer(), nullable=False),
+    sa.Column("effect_kind", sa.String(32), nullable=False),
+    sa.Column("target", sa.Text(), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("response", _json(), nullable=True),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("updated_at", UtcDateTime(), nullable=False),
+    sa.CheckConstraint("status IN ('claimed', 'delivered', 'failed')", name="status"),
+)
+sa.Index("ix_side_effect_receipts_run_id", side_effect_receipts.c.run_id)

@@ -1,0 +1,40 @@
+"""Celery tasks with stable names, so other services can `send_task` without importing PAL.
+
+Each task is a thin doorbell handler: it calls the step protocol or the run service, which call
+the journal. A message is never the truth.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pal.errors import GraphError, InputError
+from pal.runs import start_run
+from pal.steps import execute_step
+
+if TYPE_CHECKING:
+    from pal.workers.app import PalCelery
+
+log = logging.getLogger(__name__)
+
+
+def register_tasks(app: PalCelery) -> None:
+    @app.task(name="pal.execute_node", bind=True, shared=False)  # type: ignore[untyped-decorator]
+    def execute_node(self: Any, run_id: str, step_id: str, generation: int) -> str:
+        """Execute one graph node of one run (one node per message)."""
+        return execute_step(self.app.runtime, run_id, step_id, int(generation)).outcome
+
+    @app.task(name="pal.start_run", bind=True, shared=False)  # type: ignore[untyped-decorator]
+    def start_run_task(
+        self: Any, graph: Any, input: Any = None, run_id: str | None = None,
+        tenant_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Validate and start a run; an invalid request is logged and writes nothing."""
+        try:
+            record, created = start_run(self.app.runtime, graph, input, run_id=run_id,
+                                        tenant_id=tenant_id)
+        except (GraphError, InputError) as exc:
+            log.error("pal.start_run refused: %s", exc)
+            return {"error": str(exc)}
+        return {"run_id": record.id, "created": created}

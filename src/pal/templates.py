@@ -1,0 +1,93 @@
+"""Templates in node data: `{{ input.x }}`, `{{ nodes.a.output.y }}`, rendered in Jinja2's sandbox.
+
+A string that is exactly one `{{ expression }}` evaluates to the expression's own value (a list
+stays a list); any other string with template syntax renders to text. Undefined values are errors.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+from jinja2 import meta
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from pal.errors import TemplateError
+
+ALLOWED_NAMES = frozenset({"input", "nodes", "run"})
+_SINGLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>(?:(?!\}\}|\{\{|\{%|\{#).)*)\}\}\s*$", re.S)
+_SYNTAX_MARKERS = ("{{", "{%", "{#")
+
+_env = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False)
+
+
+def has_template(text: str) -> bool:
+    return any(marker in text for marker in _SYNTAX_MARKERS)
+
+
+def iter_strings(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """Yield (path, string) for every string inside a JSON-like value."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from iter_strings(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from iter_strings(item, f"{path}[{index}]")
+
+
+def check(text: str) -> str | None:
+    """Return a description of what is wrong with template `text`, or None when it is valid."""
+    if not has_template(text):
+        return None
+    try:
+        ast = _env.parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        return f"template syntax error: {exc.message} in {text!r}"
+    unknown = sorted(meta.find_undeclared_variables(ast) - ALLOWED_NAMES)
+    if unknown:
+        allowed = ", ".join(sorted(ALLOWED_NAMES))
+        return f"template uses unknown name(s) {', '.join(unknown)} (allowed: {allowed})"
+    return None
+
+
+@lru_cache(maxsize=4096)
+def _compiled_expression(expr: str) -> Any:
+    return _env.compile_expression(expr, undefined_to_none=False)
+
+
+@lru_cache(maxsize=4096)
+def _compiled_template(text: str) -> jinja2.Template:
+    return _env.from_string(text)
+
+
+def render_string(text: str, context: Mapping[str, Any]) -> Any:
+    if not has_template(text):
+        return text
+    try:
+        single = _SINGLE_EXPRESSION.match(text)
+        if single:
+            value = _compiled_expression(single.group("expr").strip())(**context)
+            if isinstance(value, jinja2.Undefined):
+                str(value)  # raises UndefinedError with Jinja's own message
+            return value
+        return _compiled_template(text).render(**context)
+    except jinja2.exceptions.SecurityError as exc:
+        raise TemplateError(f"template refused by the sandbox: {exc} in {text!r}") from exc
+    except jinja2.TemplateError as exc:
+        raise TemplateError(f"template {text!r} failed: {exc}") from exc
+
+
+def render(value: Any, context: Mapping[str, Any]) -> Any:
+    """Render every template string inside a JSON-like value."""
+    if isinstance(value, str):
+        return render_string(value, context)
+    if isinstance(value, Mapping):
+        return {key: render(item, context) for key, item in value.items()}
+    if isinstance(value, list):
+        return [render(item, context) for item in value]
+    return value

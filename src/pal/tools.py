@@ -1,0 +1,67 @@
+"""The tool registry: `@pal.tool` registers a Python callable that `tool` nodes call by name."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar, overload
+
+from pal.errors import ToolError
+
+ToolFunction = Callable[..., Any]
+F = TypeVar("F", bound=ToolFunction)
+
+_registry: dict[str, ToolFunction] = {}
+_loaded_modules: set[str] = set()
+
+
+@overload
+def tool(function: F, /) -> F: ...
+@overload
+def tool(*, name: str | None = None) -> Callable[[F], F]: ...
+
+
+def tool(function: F | None = None, /, *, name: str | None = None) -> F | Callable[[F], F]:
+    """Register `function` as a tool, under its own name or `name`.
+
+    A tool receives the node's rendered `args` as keyword arguments and returns a JSON value.
+    It must tolerate being called again for the same step after a crash (see docs/guarantees).
+    """
+
+    def register(fn: F) -> F:
+        tool_name = name or fn.__name__
+        existing = _registry.get(tool_name)
+        if existing is not None and existing is not fn and _qualname(existing) != _qualname(fn):
+            raise ToolError(f"tool {tool_name!r} is already registered by {_qualname(existing)}")
+        _registry[tool_name] = fn
+        return fn
+
+    return register(function) if function is not None else register
+
+
+def _qualname(fn: ToolFunction) -> str:
+    return f"{fn.__module__}.{getattr(fn, '__qualname__', fn)}"
+
+
+def get_tool(name: str) -> ToolFunction:
+    try:
+        return _registry[name]
+    except KeyError:
+        known = ", ".join(sorted(_registry)) or "none"
+        raise ToolError(f"unknown tool {name!r} (registered: {known})") from None
+
+
+def registered_tools() -> frozenset[str]:
+    return frozenset(_registry)
+
+
+def load_tool_modules(modules: Iterable[str]) -> None:
+    """Import each module so that its @pal.tool decorators run (PAL_TOOL_MODULES)."""
+    for module in modules:
+        if module in _loaded_modules:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ToolError(f"cannot import tool module {module!r}: {exc}") from exc
+        _loaded_modules.add(module)

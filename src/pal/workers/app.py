@@ -1,0 +1,72 @@
+"""The Celery app: safe delivery settings from DESIGN.md, one PAL runtime per app."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from pal.config import DEFAULT_VISIBILITY_TIMEOUT_SECONDS, Settings
+from pal.runtime import Runtime
+
+EXECUTE_NODE = "pal.execute_node"
+START_RUN = "pal.start_run"
+
+
+class PalCelery(Celery):  # type: ignore[misc]
+    """A Celery app that carries its PAL runtime, so tasks need no module globals."""
+
+    runtime: Runtime
+
+
+def broker_transport_options(settings: Settings) -> dict[str, Any]:
+    options: dict[str, Any] = {"visibility_timeout": DEFAULT_VISIBILITY_TIMEOUT_SECONDS}
+    if settings.is_embedded_broker:
+        folder = settings.broker_folder
+        for sub in ("queue", "control"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        options.update(
+            data_folder_in=str(folder / "queue"),
+            data_folder_out=str(folder / "queue"),
+            control_folder=str(folder / "control"),
+            polling_interval=settings.filesystem_poll,
+        )
+    if settings.broker_key_prefix:
+        options["global_keyprefix"] = settings.broker_key_prefix
+    return options
+
+
+def create_app(settings: Settings) -> PalCelery:
+    app = PalCelery("pal", set_as_current=False)
+    app.conf.update(
+        broker_url=settings.broker_url,
+        broker_transport_options=broker_transport_options(settings),
+        broker_connection_retry_on_startup=True,
+        task_default_queue=settings.queue,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        result_backend=None,
+        task_ignore_result=True,
+        task_store_errors_even_if_ignored=False,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        worker_hijack_root_logger=False,
+        worker_concurrency=settings.worker_concurrency,
+    )
+    if settings.is_embedded_broker:
+        # The filesystem transport has no broadcast; these worker chats would only add noise.
+        app.conf.update(worker_enable_remote_control=False, worker_send_task_events=False,
+                        task_send_sent_event=False)
+
+    def publish(run_id: str, step_id: str, generation: int) -> None:
+        app.send_task(EXECUTE_NODE, args=[run_id, step_id, generation], queue=settings.queue)
+
+    app.runtime = Runtime(settings, publish)
+    from pal.tasks import register_tasks
+
+    register_tasks(app)
+    return app
