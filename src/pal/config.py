@@ -7,6 +7,7 @@ With nothing set PAL uses the embedded default: a SQLite journal and a filesyste
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -67,8 +68,8 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
         value = parse_go_duration(raw) if not _is_plain_number(raw) else float(raw)
     except ValueError as exc:
         raise ConfigError(f"{name}={raw!r} is not a duration (examples: 30s, 1m30s, 500ms)") from exc
-    if value <= 0:
-        raise ConfigError(f"{name}={raw!r} must be positive")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name}={raw!r} must be positive and finite")
     return value
 
 

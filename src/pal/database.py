@@ -11,17 +11,25 @@ from sqlalchemy.engine import Engine
 _engines: dict[str, Engine] = {}
 
 
+def normalize_url(url: str) -> sa.URL:
+    """Plain `postgresql://` (or `postgres://`) means the psycopg2 driver PAL ships with."""
+    parsed = sa.make_url(url.replace("postgres://", "postgresql://", 1))
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg2")
+    return parsed
+
+
 def create_engine(url: str) -> Engine:
     """A new engine for `url`. SQLite gets WAL, a busy timeout and write-locking transactions."""
-    parsed = sa.make_url(url)
+    parsed = normalize_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = sa.create_engine(url, connect_args={"timeout": 60})
+        engine = sa.create_engine(parsed, connect_args={"timeout": 60})
         _configure_sqlite(engine)
         return engine
     # pre_ping: a worker that outlives a Postgres restart reconnects instead of failing a step.
-    return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    return sa.create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=5)
 
 
 def shared_engine(url: str) -> Engine:

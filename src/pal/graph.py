@@ -25,7 +25,7 @@ from pal import templates
 from pal.errors import GraphError
 from pal.nodes import KINDS, NodeKind
 
-NODE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}$")
+NODE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}\Z")
 TOP_LEVEL_KEYS = frozenset({"nodes", "edges", "viewport", "name", "description", "metadata"})
 EDGE_KEYS = frozenset(
     {"id", "source", "target", "sourceHandle", "targetHandle", "type", "label", "animated",
@@ -166,7 +166,7 @@ def _parse_nodes(
             problems.append(f"{where} must be an object, not {type(raw).__name__}")
             continue
         node_id = raw.get("id")
-        if not isinstance(node_id, str) or not NODE_ID.match(node_id):
+        if not isinstance(node_id, str) or not NODE_ID.fullmatch(node_id):
             problems.append(
                 f"{where} has invalid id {node_id!r}: use a letter or _ then letters, digits, "
                 "_ or -, at most 128 characters"
@@ -187,6 +187,10 @@ def _parse_nodes(
         if not isinstance(data, Mapping):
             problems.append(f"{where}: 'data' must be an object, not {type(data).__name__}")
             continue
+        json_problem = _json_problem(data)
+        if json_problem:
+            problems.append(f"{where}: 'data' {json_problem}")
+            continue
         problems.extend(f"{where}: {p}" for p in KINDS[node_type].validate(data, known_tools))
         for path, text in templates.iter_strings(data):
             error = templates.check(text)
@@ -194,6 +198,15 @@ def _parse_nodes(
                 problems.append(f"{where}: data.{path}: {error}")
         nodes[node_id] = Node(id=node_id, type=node_type, data=dict(data))
     return nodes
+
+
+def _json_problem(data: Any) -> str | None:
+    """Node data is stored and hashed as JSON: plain values, string keys (YAML allows more)."""
+    try:
+        json.dumps(data, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return f"must be plain JSON (strings, numbers, booleans, null, lists, objects): {exc}"
+    return None
 
 
 def _parse_edges(document: Any, nodes: Mapping[str, Node], problems: list[str]) -> list[Edge]:
@@ -287,7 +300,8 @@ def _topological_order(
                 ready.append(target)
     if len(order) == len(nodes):
         return tuple(order)
-    in_cycle = sorted(node_id for node_id, degree in indegree.items() if degree > 0)
+    remaining = [edge for edge in edges if indegree[edge.source] > 0 and indegree[edge.target] > 0]
+    in_cycle = sorted(n for n, degree in indegree.items() if degree > 0 and n in _descendants(n, remaining))
     if any(nodes[n].kind.allows_cycles for n in in_cycle):
         return tuple(order) + tuple(in_cycle)
     problems.append(

@@ -16,7 +16,7 @@ from pal.runtime import Runtime
 from pal.steps import utcnow
 from pal.tools import registered_tools
 
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
 
 
 def new_run_id() -> str:
@@ -48,7 +48,7 @@ def start_run(
     Returns the run and whether this call created it. Nothing is written for invalid input.
     """
     settings = rt.settings
-    if run_id is not None and (not isinstance(run_id, str) or not RUN_ID.match(run_id)):
+    if run_id is not None and (not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id)):
         raise InputError(f"run id {run_id!r} is invalid: 1-128 letters, digits, _ . : - "
                          "starting with a letter or digit")
     run_input = check_run_input(run_input, settings.max_input_bytes)

@@ -21,7 +21,29 @@ ALLOWED_NAMES = frozenset({"input", "nodes", "run"})
 _SINGLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>(?:(?!\}\}|\{\{|\{%|\{#).)*)\}\}\s*$", re.S)
 _SYNTAX_MARKERS = ("{{", "{%", "{#")
 
-_env = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False)
+class _GraphEnvironment(ImmutableSandboxedEnvironment):
+    """`input.items` means the input's "items" key, not dict.items: keys win over attributes."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if isinstance(obj, Mapping) and attribute in obj:
+            return obj[attribute]
+        return super().getattr(obj, attribute)
+
+
+_env = _GraphEnvironment(undefined=jinja2.StrictUndefined, autoescape=False)
+
+
+def _reject_undefined(value: Any) -> Any:
+    """StrictUndefined only raises when used; one hidden in a list or dict must raise too."""
+    if isinstance(value, jinja2.Undefined):
+        str(value)  # raises UndefinedError with Jinja's own message
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            _reject_undefined(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _reject_undefined(item)
+    return value
 
 
 def has_template(text: str) -> bool:
@@ -71,10 +93,7 @@ def render_string(text: str, context: Mapping[str, Any]) -> Any:
     try:
         single = _SINGLE_EXPRESSION.match(text)
         if single:
-            value = _compiled_expression(single.group("expr").strip())(**context)
-            if isinstance(value, jinja2.Undefined):
-                str(value)  # raises UndefinedError with Jinja's own message
-            return value
+            return _reject_undefined(_compiled_expression(single.group("expr").strip())(**context))
         return _compiled_template(text).render(**context)
     except jinja2.exceptions.SecurityError as exc:
         raise TemplateError(f"template refused by the sandbox: {exc} in {text!r}") from exc

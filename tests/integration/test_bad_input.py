@@ -1,0 +1,181 @@
+"""Invalid graphs and inputs are refused with their own message, and nothing is written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from pal.client import Client
+from pal.database import create_engine
+from pal.errors import GraphError, InputError
+from pal.schema import journal_events, run_locks, runs, side_effect_receipts
+from tests.conftest import Backend
+
+T = {"id": "t", "type": "trigger"}
+
+
+def tool_node(node_id: str = "a", **data: Any) -> dict[str, Any]:
+    return {"id": node_id, "type": "tool", "data": {"tool": "echo", **data}}
+
+
+def graph(*nodes: dict[str, Any], edges: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"nodes": list(nodes), "edges": edges if edges is not None else []}
+
+
+def e(source: str, target: str, **extra: Any) -> dict[str, Any]:
+    return {"source": source, "target": target, **extra}
+
+
+BAD_GRAPHS: list[tuple[str, Any, str]] = [
+    ("list", [1, 2], "graph must be an object"),
+    ("no-nodes", {"edges": []}, "non-empty 'nodes' list"),
+    ("node-not-object", graph(T, "a"), "node #1 must be an object"),
+    ("bad-id", graph(T, {"id": "9 lives", "type": "trigger"}), "node #1 has invalid id '9 lives'"),
+    ("duplicate-id", graph(T, tool_node("a"), tool_node("a"), edges=[e("t", "a")]), "node 'a': duplicate id"),
+    ("unknown-type", graph(T, {"id": "a", "type": "teleport"}), "node 'a': unknown node type 'teleport'"),
+    ("data-not-object", graph(T, {"id": "a", "type": "tool", "data": [1]}), "node 'a': 'data' must be an object"),
+    ("unknown-field", graph(T, tool_node(colour="red"), edges=[e("t", "a")]), "unknown data field 'colour'"),
+    ("missing-tool", graph(T, {"id": "a", "type": "tool", "data": {}}, edges=[e("t", "a")]),
+     "node 'a': data field 'tool' is required"),
+    ("wrong-type", graph(T, tool_node(args=[1]), edges=[e("t", "a")]), "data field 'args' must be object"),
+    ("unknown-tool", graph(T, {"id": "a", "type": "tool", "data": {"tool": "nope"}}, edges=[e("t", "a")]),
+     "unknown tool 'nope'"),
+    ("no-trigger", graph(tool_node()), "missing trigger"),
+    ("two-triggers", graph(T, {"id": "t2", "type": "trigger"}), "more than one trigger: t, t2"),
+    ("edge-not-object", graph(T, tool_node(), edges=["t->a"]), "edge #0 must be an object"),
+    ("dangling", graph(T, tool_node(), edges=[e("t", "a"), e("a", "ghost")]),
+     "edge #1 (a -> ghost): dangling, no node with id 'ghost'"),
+    ("self-loop", graph(T, tool_node(), edges=[e("t", "a"), e("a", "a")]), "a node cannot feed itself"),
+    ("cycle", graph(T, tool_node("a"), tool_node("b"), edges=[e("t", "a"), e("a", "b"), e("b", "a")]),
+     "cycle through a, b"),
+    ("condition-no-handle",
+     graph(T, {"id": "c", "type": "condition", "data": {"expression": "{{ input.x }}"}}, tool_node(),
+           edges=[e("t", "c"), e("c", "a")]), "needs sourceHandle 'true' or 'false'"),
+    ("handle-on-tool", graph(T, tool_node("a"), tool_node("b"),
+                             edges=[e("t", "a"), e("a", "b", sourceHandle="true")]),
+     "sourceHandle 'true' on a tool node"),
+    ("into-trigger", graph(T, tool_node(), edges=[e("t", "a"), e("a", "t")]),
+     "the trigger cannot have incoming edges"),
+    ("unreachable", graph(T, tool_node("a"), tool_node("b"), edges=[e("t", "a")]),
+     "node 'b': unreachable from the trigger"),
+    ("template-syntax", graph(T, tool_node(args={"x": "{{ input.x "}), edges=[e("t", "a")]),
+     "template syntax error"),
+    ("template-name", graph(T, tool_node(args={"x": "{{ os.environ }}"}), edges=[e("t", "a")]),
+     "unknown name(s) os"),
+    ("template-ref-unknown", graph(T, tool_node(args={"x": "{{ nodes.zz.output }}"}), edges=[e("t", "a")]),
+     "refers to unknown node 'zz'"),
+    ("template-ref-downstream",
+     graph(T, tool_node("a", args={"x": "{{ nodes.b.output }}"}), tool_node("b"),
+           edges=[e("t", "a"), e("a", "b")]), "refers to node 'b', which does not run before it"),
+    ("edges-not-list", {"nodes": [T], "edges": {"a": 1}}, "'edges' must be a list"),
+    ("unknown-top-level", {"nodes": [T], "edgez": []}, "unknown top-level key 'edgez'"),
+]
+
+
+@pytest.fixture
+def pg_client(postgres_backend: Backend) -> Client:
+    return Client(postgres_backend.settings)
+
+
+def row_counts(client: Client) -> dict[str, int]:
+    with client.runtime.journal.engine.connect() as conn:
+        return {t.name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
+                for t in (runs, journal_events, run_locks, side_effect_receipts)}
+
+
+def test_corpus_messages_are_distinct() -> None:
+    messages = [m for _, _, m in BAD_GRAPHS]
+    assert len(BAD_GRAPHS) >= 20
+    assert len(set(messages)) == len(messages)
+
+
+@pytest.mark.parametrize(("name", "document", "message"), BAD_GRAPHS, ids=[n for n, _, _ in BAD_GRAPHS])
+def test_invalid_graph_is_refused_and_nothing_written(
+    pg_client: Client, name: str, document: Any, message: str
+) -> None:
+    with pytest.raises(GraphError) as info:
+        pg_client.start_run(document, {})
+    assert message in str(info.value)
+    assert row_counts(pg_client) == {"runs": 0, "journal_events": 0, "run_locks": 0,
+                                     "side_effect_receipts": 0}
+
+
+VALID = graph(T, tool_node(), edges=[e("t", "a")])
+
+BAD_INPUTS: list[tuple[str, dict[str, Any], str]] = [
+    ("set-input", {"run_input": {1, 2}}, "run input must be JSON"),
+    ("nan-input", {"run_input": {"x": float("nan")}}, "run input must be JSON"),
+    ("object-input", {"run_input": object()}, "run input must be JSON"),
+    ("oversized-input", {"run_input": {"x": "y" * 2_000_000}}, "over the limit of 1000000"),
+    ("bad-run-id", {"run_id": "has space"}, "run id 'has space' is invalid"),
+    ("empty-run-id", {"run_id": ""}, "run id '' is invalid"),
+    ("pipe-run-id", {"run_id": "a|b"}, "run id 'a|b' is invalid"),
+]
+
+
+@pytest.mark.parametrize(("name", "kwargs", "message"), BAD_INPUTS, ids=[n for n, _, _ in BAD_INPUTS])
+def test_invalid_input_is_refused_and_nothing_written(
+    pg_client: Client, name: str, kwargs: dict[str, Any], message: str
+) -> None:
+    run_input = kwargs.pop("run_input", {})
+    with pytest.raises(InputError) as info:
+        pg_client.start_run(VALID, run_input, **kwargs)
+    assert message in str(info.value)
+    assert sum(row_counts(pg_client).values()) == 0
+
+
+def test_oversized_graph_is_refused(postgres_backend: Backend) -> None:
+    client = Client(postgres_backend.settings.with_(max_graph_bytes=200))
+    big = graph(T, tool_node(args={"blob": "x" * 500}), edges=[e("t", "a")])
+    with pytest.raises(GraphError, match="over the limit of 200"):
+        client.start_run(big, {})
+    assert sum(row_counts(client).values()) == 0
+
+
+def test_same_run_id_twice_returns_the_existing_run(pg_client: Client) -> None:
+    first = pg_client.start_run(VALID, {"n": 1}, run_id="order-42")
+    second = pg_client.start_run(VALID, {"n": 2}, run_id="order-42")
+    assert first == second == "order-42"
+    assert pg_client.get_run("order-42").input == {"n": 1}
+    assert row_counts(pg_client)["runs"] == 1
+    assert [ev.kind for ev in pg_client.events("order-42")] == ["run_queued"]
+
+
+def pal(args: list[str], backend: Backend, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pal.cli", *args], env=backend.env(), cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["run", "GRAPH", "--input", "{not json"], 2, "--input is not JSON"),
+        (["run", "missing.json"], 2, "does not exist"),
+        (["run", "BADGRAPH"], 2, "unknown node type 'teleport'"),
+        (["run", "GRAPH", "--run-id", "no spaces please"], 2, "is invalid"),
+        (["runs", "show", "run_nope"], 3, "no run 'run_nope'"),
+        (["runs", "events", "run_nope"], 3, "no run 'run_nope'"),
+        (["runs", "list", "--status", "sleeping"], 2, "unknown status 'sleeping'"),
+        (["runs", "list", "--limit", "0"], 2, "Invalid value"),
+    ],
+)
+def test_cli_refuses_bad_input_with_a_clear_message(
+    postgres_backend: Backend, tmp_path: Path, args: list[str], code: int, message: str
+) -> None:
+    (tmp_path / "graph.json").write_text(json.dumps(VALID))
+    (tmp_path / "bad.yaml").write_text("nodes:\n  - {id: t, type: trigger}\n  - {id: a, type: teleport}\n")
+    args = [{"GRAPH": "graph.json", "BADGRAPH": "bad.yaml"}.get(a, a) for a in args]
+    result = pal(args, postgres_backend, tmp_path)
+    assert result.returncode == code, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    engine = create_engine(postgres_backend.settings.database_url)
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(runs)).scalar_one() == 0
+    engine.dispose()

@@ -1,0 +1,47 @@
+"""Tools for tests. Their effects land in files, so a test can count calls across processes."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pal.tools import tool
+
+
+def record_call(path: str, label: str) -> None:
+    """Append one line per call; O_APPEND keeps concurrent writers from interleaving lines."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, f"{label}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def calls(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@tool(name="count")
+def count(path: str, label: str, value: Any = None) -> dict[str, Any]:
+    """Record the call, return what it was given."""
+    record_call(path, label)
+    return {"label": label, "value": value}
+
+
+@tool(name="explode")
+def explode(message: str = "boom") -> None:
+    raise RuntimeError(message)
+
+
+@tool(name="nap")
+def nap(seconds: float) -> float:
+    time.sleep(min(float(seconds), 30.0))
+    return float(seconds)
+
+
+@tool(name="not_json")
+def not_json() -> Any:
+    return {1, 2, 3}
