@@ -1,7 +1,8 @@
 """The `pal` command line.
 
 Exit codes: 0 success; 1 the run failed or was cancelled; 2 invalid input (graph, JSON, option);
-3 no such run; 4 the journal database failed; 5 timed out waiting.
+3 no such run; 4 the journal database failed; 5 timed out waiting; 6 refused (e.g. resuming a run
+whose lease is live, or a finished run).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pal.config import Settings, load_settings
 from pal.errors import ConfigError, GraphError, InputError, PalError, RunNotFound, StorageError
 from pal.graph import load_graph_text
 
-EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_NOT_FOUND, EXIT_STORAGE, EXIT_TIMEOUT = 1, 2, 3, 4, 5
+EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_NOT_FOUND, EXIT_STORAGE, EXIT_TIMEOUT, EXIT_REFUSED = 1, 2, 3, 4, 5, 6
 
 app = typer.Typer(help="PAL: durable AI-agent graphs on Celery.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -89,6 +90,15 @@ def worker(
     if celery_app.runtime.settings.is_embedded_broker:
         argv += ["--without-mingle", "--without-gossip", "--without-heartbeat"]
     celery_app.worker_main(argv)
+
+
+@app.command()
+def beat(loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "info") -> None:
+    """Run celery beat, which sends the orphan sweep every PAL_RECOVERY_INTERVAL."""
+    from pal.workers import app as celery_app
+
+    celery_app.runtime.settings.home.mkdir(parents=True, exist_ok=True)  # its schedule file lives there
+    celery_app.start(["beat", f"--loglevel={loglevel}"])
 
 
 def _read_json(text: str | None, what: str) -> Any:
@@ -198,6 +208,51 @@ def runs_events(
         _print_json([e.as_dict() for e in events])
     else:
         console().print(journal_table(events, f"journal of {run_id}"))
+
+
+@runs_app.command("resume")
+def runs_resume(run_id: str) -> None:
+    """Re-drive a run whose lease has lapsed now, instead of waiting for the sweep."""
+    from pal.recovery import ResumeRefused, resume
+
+    client = _client()
+    try:
+        recovery = resume(client.runtime, run_id)
+    except ResumeRefused as exc:
+        _fail(str(exc), EXIT_REFUSED)
+    except PalError as exc:
+        _fail(str(exc), _exit_code(exc))
+    steps = ", ".join(recovery.resumed_steps) or "none (nothing left to run)"
+    typer.echo(f"run {run_id} re-driven at generation {recovery.generation}; resumed steps: {steps}")
+
+
+@runs_app.command("stuck")
+def runs_stuck(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """List queued or running runs whose lease is missing or expired, and for how long."""
+    from pal.steps import utcnow
+
+    now = utcnow()
+    try:
+        stuck = _client().runtime.journal.stuck_runs(now=now)
+    except PalError as exc:
+        _fail(str(exc), _exit_code(exc))
+    rows = [
+        {"id": run.id, "status": run.status,
+         "lease_expired_for_s": round((now - lease.expires_at).total_seconds(), 1) if lease else None,
+         "last_holder": lease.worker_id if lease else None}
+        for run, lease in stuck
+    ]
+    if as_json:
+        _print_json(rows)
+        return
+    if not rows:
+        typer.echo("no stuck runs")
+    for row in rows:
+        expired = (f"lease expired {row['lease_expired_for_s']}s ago (last holder {row['last_holder']})"
+                   if row["last_holder"] else "no lease")
+        typer.echo(f"{row['id']}  {row['status']}  {expired}")
 
 
 @app.command()

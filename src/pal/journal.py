@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
+from pal import faults
 from pal.errors import LeaseLost, RunNotFound, StorageError
 from pal.interpreter import Handoff
 from pal.schema import (
@@ -308,6 +309,35 @@ class Journal:
 
     # ------------------------------------------------------------------ reads
 
+    @staticmethod
+    def orphan_query(*, now: datetime, limit: int) -> sa.Select[tuple[str]]:
+        """In-flight runs whose lease is missing or expired (the partial index ix_runs_in_flight
+        keeps finished runs out of the scan)."""
+        return (
+            sa.select(runs.c.id)
+            .select_from(runs.outerjoin(run_locks, run_locks.c.run_id == runs.c.id))
+            .where(runs.c.status.in_(IN_FLIGHT_STATUSES),
+                   sa.or_(run_locks.c.run_id.is_(None), run_locks.c.expires_at < now))
+            .order_by(runs.c.id)
+            .limit(limit)
+        )
+
+    def orphaned_runs(self, *, now: datetime, limit: int) -> list[str]:
+        with self._tx() as conn:
+            return list(conn.execute(self.orphan_query(now=now, limit=limit)).scalars())
+
+    def stuck_runs(self, *, now: datetime, limit: int = 100) -> list[tuple[RunRecord, Lease | None]]:
+        """In-flight runs with a missing or expired lease, with that lease."""
+        ids = self.orphaned_runs(now=now, limit=limit)
+        with self._tx() as conn:
+            found = []
+            for run_id in ids:
+                lease = conn.execute(
+                    sa.select(run_locks).where(run_locks.c.run_id == run_id)
+                ).mappings().first()
+                found.append((self._run(conn, run_id), Lease(**dict(lease)) if lease else None))
+        return found
+
     def get_run(self, run_id: str, tenant_id: str | None = None) -> RunRecord:
         with self._tx() as conn:
             run = self._run(conn, run_id)
@@ -401,6 +431,7 @@ class Journal:
         payload = {"output": output} if status == "succeeded" else {"error": error}
         self._append(conn, run_id, None, None, TERMINAL_EVENT[status], payload, generation, now)
         conn.execute(run_locks.delete().where(run_locks.c.run_id == run_id))
+        faults.point("during_finish")
         return True
 
 

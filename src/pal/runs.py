@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
-from pal import interpreter
 from pal.errors import InputError
 from pal.graph import parse_graph
-from pal.journal import Recovery, RunRecord
+from pal.journal import RunRecord
 from pal.runtime import Runtime
 from pal.steps import utcnow
 from pal.tools import registered_tools
@@ -62,22 +60,3 @@ def start_run(
     if created:
         rt.publish(record.id, parsed.trigger_id, 1)
     return record, created
-
-
-def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True) -> Recovery | None:
-    """Take over the run's lease and dispatch its first incomplete steps (a replay).
-
-    A finished run, or one whose lease is still live (when `require_expired`), is left alone.
-    """
-
-    def plan(run: RunRecord, completed: Mapping[str, Any]) -> tuple[str, ...]:
-        return interpreter.redrive_steps(rt.graph_of(run), completed)
-
-    recovery = rt.journal.recover_run(
-        run_id=run_id, worker_id=rt.worker_id, now=utcnow(), lease_ttl=rt.settings.lease_ttl,
-        plan=plan, require_expired=require_expired,
-    )
-    if recovery is not None:
-        for step_id in recovery.resumed_steps:
-            rt.publish(run_id, step_id, recovery.generation)
-    return recovery

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
-from pal import interpreter
+from pal import faults, interpreter
 from pal.errors import LeaseLost, PalError
 from pal.journal import ClaimOutcome
 from pal.nodes import StepContext
@@ -83,13 +83,16 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
         log.info("run %s step %s gen %d: %s, nothing to do", run_id, step_id, generation,
                  claim.outcome.value)
         return StepResult(claim.outcome.value)
+    faults.point("after_claim_commit", step_id)
     graph = rt.graph_of(claim.run)
     ctx = StepContext(run_id=run_id, step_id=step_id, attempt=claim.attempt,
                       input=claim.run.input, outputs=claim.completed or {})
     try:
         node = graph.nodes[step_id]
         with Heartbeat(rt, run_id, generation):
+            faults.point("before_effect", step_id)
             output = node.kind.execute(node.data, ctx)
+            faults.point("after_effect", step_id)
             json.dumps(output)  # a non-JSON output fails the step here, not the journal later
     except Exception as exc:  # a node's failure is data for the journal, not a worker crash
         if isinstance(exc, KeyError) and step_id not in graph.nodes:
@@ -113,6 +116,8 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
         return StepResult("fenced")
     # Publish only after the commit: a crash here leaves a lease that expires and the sweep
     # re-drives the successors.
+    faults.point("after_complete_commit", step_id)
     for successor in handoff.dispatch:
+        faults.point("before_publish", step_id)
         rt.publish(run_id, successor, generation)
     return StepResult("completed", handoff.dispatch, handoff.finished)

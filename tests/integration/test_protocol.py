@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pal.client import Client
-from pal.runs import redrive
+from pal.recovery import redrive
 from pal.steps import execute_step, utcnow
 from tests.conftest import Backend
 from tests.support.graphs import fan_out_in, linear

@@ -10,6 +10,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from pal.errors import GraphError, InputError
+from pal.recovery import sweep
 from pal.runs import start_run
 from pal.steps import execute_step
 
@@ -24,6 +25,13 @@ def register_tasks(app: PalCelery) -> None:
     def execute_node(self: Any, run_id: str, step_id: str, generation: int) -> str:
         """Execute one graph node of one run (one node per message)."""
         return execute_step(self.app.runtime, run_id, step_id, int(generation)).outcome
+
+    @app.task(name="pal.sweep_orphans", bind=True, shared=False)  # type: ignore[untyped-decorator]
+    def sweep_orphans(self: Any) -> dict[str, Any]:
+        """One pass of the orphan sweep (celery beat sends it every PAL_RECOVERY_INTERVAL)."""
+        report = sweep(self.app.runtime)
+        return {"found": report.found,
+                "recovered": {r: rec.generation for r, rec in report.recovered.items()}}
 
     @app.task(name="pal.start_run", bind=True, shared=False)  # type: ignore[untyped-decorator]
     def start_run_task(

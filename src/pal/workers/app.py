@@ -7,6 +7,7 @@ from typing import Any
 from celery import Celery
 
 from pal.config import DEFAULT_VISIBILITY_TIMEOUT_SECONDS, Settings
+from pal.recovery import sweep_schedule
 from pal.runtime import Runtime
 
 EXECUTE_NODE = "pal.execute_node"
@@ -56,6 +57,8 @@ def create_app(settings: Settings) -> PalCelery:
         task_send_sent_event=True,
         worker_hijack_root_logger=False,
         worker_concurrency=settings.worker_concurrency,
+        beat_schedule=sweep_schedule(settings),
+        beat_schedule_filename=str(settings.home / "celerybeat-schedule"),
     )
     if settings.is_embedded_broker:
         # The filesystem transport has no broadcast; these worker chats would only add noise.

@@ -1,0 +1,97 @@
+"""The peer of the PAL benchmark: a raw Celery chain, optionally committing two Postgres rows per hop.
+
+Started by bench/throughput.py as `python -m celery -A bench.celery_floor worker ...` (cwd = the
+repository root). Configured only from the environment:
+
+    BENCH_BROKER_URL    Redis broker (same server as PAL's)
+    BENCH_KEY_PREFIX    Redis key prefix for broker keys and the done markers
+    BENCH_QUEUE         queue name
+    BENCH_DATABASE_URL  libpq URL of the Postgres database holding the `bench_hops` table
+    BENCH_SCHEMA        schema of `bench_hops`
+
+The Celery settings mirror pal.workers.app.create_app (late acks, prefetch 1, JSON, no results,
+task events on), so the only difference from PAL is what a hop does, not how it is delivered.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import psycopg2  # type: ignore[import-untyped]
+import redis
+from celery import Celery
+from celery.signals import worker_process_init
+
+BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/0")
+KEY_PREFIX = os.environ.get("BENCH_KEY_PREFIX", "palbench-floor:")
+QUEUE = os.environ.get("BENCH_QUEUE", "palbench-floor")
+DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+SCHEMA = os.environ.get("BENCH_SCHEMA", "public")
+
+app = Celery("bench_floor", set_as_current=False)
+app.conf.update(
+    broker_url=BROKER_URL,
+    broker_transport_options={"visibility_timeout": 3600, "global_keyprefix": KEY_PREFIX},
+    broker_connection_retry_on_startup=True,
+    task_default_queue=QUEUE,
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    task_serializer="json",
+    accept_content=["json"],
+    result_serializer="json",
+    result_backend=None,
+    task_ignore_result=True,
+    task_store_errors_even_if_ignored=False,
+    worker_send_task_events=True,
+    task_send_sent_event=True,
+    worker_hijack_root_logger=False,
+)
+
+# One Postgres and one Redis connection per worker process, opened lazily after the fork.
+_pg: Any = None
+_redis: redis.Redis | None = None
+
+
+@worker_process_init.connect  # type: ignore[untyped-decorator]
+def _reset_after_fork(**_: Any) -> None:
+    global _pg, _redis
+    _pg, _redis = None, None
+
+
+def _pg_conn() -> Any:
+    global _pg
+    if _pg is None or _pg.closed:
+        _pg = psycopg2.connect(DATABASE_URL, options=f"-csearch_path={SCHEMA}")
+    return _pg
+
+
+def _redis_conn() -> redis.Redis:
+    global _redis
+    if _redis is None:
+        _redis = redis.Redis.from_url(BROKER_URL)
+    return _redis
+
+
+def done_key(tag: str) -> str:
+    """The Redis hash the last hop of each chain of one measurement writes its finish time to."""
+    return f"{KEY_PREFIX}done:{tag}"
+
+
+@app.task(name="bench.hop", shared=False)  # type: ignore[untyped-decorator]
+def hop(tag: str, chain: int, index: int, length: int, commit: bool) -> None:
+    """One node: maybe commit two rows (the journaling floor), then send the next hop."""
+    if commit:
+        conn = _pg_conn()
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO bench_hops (chain, hop, kind) VALUES (%s, %s, 'started')",
+                        (f"{tag}:{chain}", index))
+            cur.execute("INSERT INTO bench_hops (chain, hop, kind) VALUES (%s, %s, 'completed')",
+                        (f"{tag}:{chain}", index))
+        conn.commit()
+    if index + 1 < length:
+        hop.apply_async(args=[tag, chain, index + 1, length, commit], queue=QUEUE)
+    else:
+        _redis_conn().hset(done_key(tag), str(chain), repr(time.time()))

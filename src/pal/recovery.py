@@ -1,0 +1,110 @@
+"""The orphan sweep and re-drive (the specification's "Recovery sweep (shared tier)").
+
+Every PAL_RECOVERY_INTERVAL celery beat sends `pal.sweep_orphans`. A pass finds at most 20 runs that
+are queued or running with a missing or expired lease, steals each lease with one UPSERT (fresh
+10-minute TTL, generation + 1; an unexpired lease is never stolen, so only one sweeper wins), journals
+`run_recovered {generation, resumed_steps}` and publishes the first incomplete steps. Messages of the
+old generation are then dropped at their claim, and a zombie worker is fenced out of the journal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pal import interpreter
+from pal.config import Settings
+from pal.errors import PalError
+from pal.journal import Recovery, RunRecord
+from pal.runtime import Runtime
+from pal.steps import utcnow
+
+log = logging.getLogger(__name__)
+
+SWEEP_BATCH = 20  # runs per pass, as the specification says
+RECOVERY_LEASE_SECONDS = 600.0  # the stolen lease's TTL: a fresh 10 minutes
+SWEEP_TASK = "pal.sweep_orphans"
+
+
+class ResumeRefused(PalError):
+    """The run cannot be resumed now."""
+
+
+@dataclass
+class SweepReport:
+    found: int = 0
+    recovered: dict[str, Recovery] = field(default_factory=dict)
+
+
+def sweep_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The celery beat entry of the orphan sweep (declared in beat_schedule.py)."""
+    return {
+        "pal-sweep-orphans": {
+            "task": SWEEP_TASK,
+            "schedule": settings.recovery_interval,
+            # A pass older than one interval is pointless: the next one is already due.
+            "options": {"queue": settings.queue, "expires": settings.recovery_interval},
+        }
+    }
+
+
+def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True,
+            lease_ttl: float = RECOVERY_LEASE_SECONDS, now: datetime | None = None) -> Recovery | None:
+    """Take over the run's lease and dispatch its first incomplete steps (a replay).
+
+    A finished run, or one whose lease is still live (when `require_expired`), is left alone.
+    """
+
+    def plan(run: RunRecord, completed: Mapping[str, Any]) -> tuple[str, ...]:
+        return interpreter.redrive_steps(rt.graph_of(run), completed)
+
+    recovery = rt.journal.recover_run(
+        run_id=run_id, worker_id=f"recovery:{rt.worker_id}", now=now or utcnow(),
+        lease_ttl=lease_ttl, plan=plan, require_expired=require_expired,
+    )
+    if recovery is not None:
+        for step_id in recovery.resumed_steps:
+            rt.publish(run_id, step_id, recovery.generation)
+    return recovery
+
+
+def sweep(rt: Runtime, now: datetime | None = None) -> SweepReport:
+    """One pass of the orphan sweep."""
+    now = now or utcnow()
+    report = SweepReport()
+    orphans = rt.journal.orphaned_runs(now=now, limit=SWEEP_BATCH)
+    report.found = len(orphans)
+    for run_id in orphans:
+        try:
+            recovery = redrive(rt, run_id, now=now)
+        except PalError:
+            log.exception("sweep: re-drive of run %s failed; the next pass retries", run_id)
+            continue
+        if recovery is not None:
+            report.recovered[run_id] = recovery
+            log.info("sweep: run %s re-driven at generation %d: %s", run_id,
+                     recovery.generation, ", ".join(recovery.resumed_steps) or "nothing to resume")
+    return report
+
+
+def resume(rt: Runtime, run_id: str, now: datetime | None = None) -> Recovery:
+    """An operator's resume: re-drive now a run whose lease has lapsed, instead of waiting for
+    the sweep. Refuses a terminal run and a run whose lease is live."""
+    now = now or utcnow()
+    run = rt.journal.get_run(run_id)
+    if run.terminal:
+        raise ResumeRefused(f"run {run_id} is {run.status}; there is nothing to resume")
+    if run.status not in ("queued", "running"):
+        raise ResumeRefused(f"run {run_id} is {run.status}; only queued or running runs resume")
+    lease = rt.journal.get_lease(run_id)
+    if lease is not None and lease.expires_at >= now:
+        left = (lease.expires_at - now).total_seconds()
+        raise ResumeRefused(f"run {run_id} is held by {lease.worker_id} (generation "
+                            f"{lease.generation}) for {left:.1f}s more; its lease is live")
+    recovery = redrive(rt, run_id, now=now)
+    if recovery is None:
+        raise ResumeRefused(f"run {run_id} was taken over by another process just now")
+    return recovery

@@ -1,0 +1,152 @@
+"""Crash-resume under real SIGKILL: `pal worker` processes die at each named fault point, and a
+fresh worker plus the beat-driven sweep finish the run with nothing completed twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pal.client import Client
+from pal.demo import stop_process, wait_until
+from pal.faults import POINTS
+from tests.conftest import Backend
+from tests.support.graphs import linear
+from tests.support.tools import calls
+
+LEASE_TTL = "2s"
+SWEEP_EVERY = "1s"
+
+
+class Processes:
+    """Starts `pal worker` and `pal beat` subprocesses and stops whatever is left at the end."""
+
+    def __init__(self, backend: Backend, folder: Path) -> None:
+        self.backend, self.folder, self.started = backend, folder, []  # type: ignore[var-annotated]
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return self.backend.env() | {"PAL_LEASE_TTL": LEASE_TTL, "PAL_RECOVERY_INTERVAL": SWEEP_EVERY} | extra
+
+    def start(self, args: list[str], log_name: str, **extra: str) -> subprocess.Popen[bytes]:
+        with (self.folder / log_name).open("ab") as log:
+            process = subprocess.Popen([sys.executable, "-m", "pal.cli", *args], env=self.env(**extra),
+                                       stdout=log, stderr=subprocess.STDOUT, cwd=self.folder)
+        self.started.append(process)
+        return process
+
+    def worker(self, name: str, **extra: str) -> subprocess.Popen[bytes]:
+        # solo pool: the worker process is the one that executes, so SIGKILL takes the whole worker.
+        return self.start(["worker", "--pool", "solo", "--loglevel", "INFO"], f"{name}.log", **extra)
+
+    def beat(self) -> subprocess.Popen[bytes]:
+        return self.start(["beat", "--loglevel", "INFO"], "beat.log")
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            stop_process(process)
+
+
+@pytest.fixture
+def processes(postgres_backend: Backend, tmp_path: Path) -> Iterator[Processes]:
+    procs = Processes(postgres_backend, tmp_path)
+    yield procs
+    procs.stop_all()
+
+
+def assert_exactly_once(client: Client, run_id: str) -> None:
+    events = client.events(run_id)
+    completed = Counter(e.step_id for e in events if e.kind == "step_completed")
+    assert set(completed.values()) == {1}, completed
+    terminal = [e.kind for e in events if e.kind in ("run_succeeded", "run_failed", "run_cancelled")]
+    assert terminal == ["run_succeeded"]
+    assert client.runtime.journal.get_lease(run_id) is None
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_worker_killed_at_fault_point_and_the_sweep_finishes_the_run(
+    processes: Processes, postgres_backend: Backend, tmp_path: Path, point: str
+) -> None:
+    counter = tmp_path / "calls.log"
+    step = "" if point == "during_finish" else ":s1"
+    doomed = processes.worker("doomed", PAL_FAULT_POINT=point + step,
+                              PAL_FAULT_ONCE_FILE=str(tmp_path / "fired"))
+    client = Client(postgres_backend.settings)
+    run_id = client.start_run(linear(counter, 3), {})
+    doomed.wait(timeout=120)
+    assert doomed.returncode == -signal.SIGKILL
+    assert (tmp_path / "fired").exists()
+    assert not client.get_run(run_id).terminal or point == "during_finish"
+    processes.worker("fresh")
+    processes.beat()
+    run = client.wait(run_id, timeout=120)
+    assert run.status == "succeeded"
+    assert_exactly_once(client, run_id)
+    made = calls(counter)
+    # Tools that completed before the crash ran once; the interrupted one may run again only when
+    # the kill came after its effect and before step_completed (the contract of a re-invocable step).
+    assert made.count("s0") == 1 and made.count("s2") == 1
+    assert made.count("s1") == (2 if point == "after_effect" else 1)
+    recovered = [e for e in client.events(run_id) if e.kind == "run_recovered"]
+    assert len(recovered) >= 1
+    client.close()
+
+
+def test_stopped_worker_wakes_up_fenced_out(processes: Processes, postgres_backend: Backend,
+                                            tmp_path: Path) -> None:
+    """SIGSTOP a worker mid-step, let the sweep hand the run to another worker, SIGCONT: the
+    sleeper's late completion is refused by the journal."""
+    client = Client(postgres_backend.settings)
+    graph = {"nodes": [{"id": "t", "type": "trigger"},
+                       {"id": "slow", "type": "tool", "data": {"tool": "nap", "args": {"seconds": 3}}},
+                       {"id": "out", "type": "output", "data": {"value": "{{ nodes.slow.output }}"}}],
+             "edges": [{"source": "t", "target": "slow"}, {"source": "slow", "target": "out"}]}
+    sleeper = processes.worker("sleeper")
+    run_id = client.start_run(graph, {})
+    assert wait_until(lambda: any(e.kind == "step_started" and e.step_id == "slow"
+                                  for e in client.events(run_id)), timeout=60)
+    os.kill(sleeper.pid, signal.SIGSTOP)
+    try:
+        processes.beat()
+        processes.worker("rescuer")
+        assert client.wait(run_id, timeout=120).status == "succeeded"
+    finally:
+        os.kill(sleeper.pid, signal.SIGCONT)
+    time.sleep(4)  # let the sleeper finish its nap and try to complete: bounded, once
+    events = client.events(run_id)
+    slow_done = [e for e in events if e.kind == "step_completed" and e.step_id == "slow"]
+    assert len(slow_done) == 1 and slow_done[0].generation >= 2
+    assert_exactly_once(client, run_id)
+    assert "fenced out" in (tmp_path / "sleeper.log").read_text()
+    client.close()
+
+
+def test_pal_runs_stuck_and_resume(processes: Processes, postgres_backend: Backend, tmp_path: Path) -> None:
+    client = Client(postgres_backend.settings)
+    run_id = client.start_run(linear(tmp_path / "c.log", 2), {})  # no worker: the lease will lapse
+    env = processes.env()
+
+    def pal(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pal.cli", *args], env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    refused = pal("runs", "resume", run_id)
+    assert refused.returncode == 6 and "its lease is live" in refused.stderr
+    assert wait_until(lambda: run_id in pal("runs", "stuck").stdout, timeout=30)
+    stuck = pal("runs", "stuck")
+    assert "lease expired" in stuck.stdout
+    resumed = pal("runs", "resume", run_id)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"run {run_id} re-driven at generation 2; resumed steps: start" in resumed.stdout
+    processes.worker("w")
+    assert client.wait(run_id, timeout=120).status == "succeeded"
+    again = pal("runs", "resume", run_id)
+    assert again.returncode == 6 and "nothing to resume" in again.stderr
+    assert "no stuck runs" in pal("runs", "stuck").stdout
+    client.close()

@@ -1,0 +1,154 @@
+"""The orphan sweep, manual resume and lease fencing, with time passed in as an input."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from pal.client import Client
+from pal.journal import Recovery
+from pal.recovery import RECOVERY_LEASE_SECONDS, ResumeRefused, resume, redrive, sweep
+from pal.steps import execute_step, utcnow
+from tests.conftest import Backend
+from tests.support.graphs import linear
+from tests.support.tools import calls
+
+Message = tuple[str, str, int]
+
+
+@pytest.fixture
+def outbox(client: Client) -> list[Message]:
+    sent: list[Message] = []
+    client.runtime.publish = lambda *m: sent.append(m)
+    return sent
+
+
+def test_sweep_re_drives_an_orphan_once(client: Client, outbox: list[Message], counter: Path) -> None:
+    run_id = client.start_run(linear(counter, 3), {})
+    execute_step(client.runtime, *outbox.pop(0))  # the trigger
+    execute_step(client.runtime, *outbox.pop(0))  # s0
+    outbox.clear()  # the message for s1 is lost
+    lease = client.runtime.journal.get_lease(run_id)
+    assert lease is not None
+    assert sweep(client.runtime, now=lease.expires_at - timedelta(seconds=1)).found == 0
+    after_expiry = lease.expires_at + timedelta(seconds=1)
+    report = sweep(client.runtime, now=after_expiry)
+    assert report.found == 1
+    assert report.recovered[run_id] == Recovery(generation=2, resumed_steps=("s1",))
+    assert outbox == [(run_id, "s1", 2)]
+    new_lease = client.runtime.journal.get_lease(run_id)
+    assert new_lease is not None and new_lease.generation == 2
+    assert new_lease.expires_at == after_expiry + timedelta(seconds=RECOVERY_LEASE_SECONDS)
+    # An overlapping pass at the same moment finds the fresh lease and does nothing.
+    assert sweep(client.runtime, now=after_expiry).recovered == {}
+    while outbox:
+        execute_step(client.runtime, *outbox.pop(0))
+    assert client.get_run(run_id).status == "succeeded"
+    assert calls(counter) == ["s0", "s1", "s2"]
+    recovered = [e.payload for e in client.events(run_id) if e.kind == "run_recovered"]
+    assert recovered == [{"generation": 2, "resumed_steps": ["s1"]}]
+
+
+def test_racing_sweepers_produce_exactly_one_redrive(backend: Backend, counter: Path) -> None:
+    """Eight threads, each with its own runtime and connections, steal the same expired lease."""
+    clients = [Client(backend.settings) for _ in range(8)]
+    sent: list[Message] = []
+    for c in clients:
+        c.runtime.publish = lambda *m: sent.append(m)
+    run_ids = [clients[0].start_run(linear(counter, 1), {}) for _ in range(3)]
+    sent.clear()
+    later = utcnow() + timedelta(hours=1)
+    barrier = threading.Barrier(len(clients))
+    results: list[dict[str, Recovery]] = []
+
+    def race(c: Client) -> None:
+        barrier.wait()
+        results.append(sweep(c.runtime, now=later).recovered)
+
+    threads = [threading.Thread(target=race, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [run_id for result in results for run_id in result]
+    assert sorted(winners) == sorted(run_ids)
+    assert sorted(sent) == sorted((r, "start", 2) for r in run_ids)
+    for run_id in run_ids:
+        kinds = [e.kind for e in clients[0].events(run_id)]
+        assert kinds.count("run_recovered") == 1
+    for c in clients:
+        c.close()
+
+
+def test_resume_refuses_a_live_lease_and_a_finished_run(client: Client, outbox: list[Message],
+                                                       counter: Path) -> None:
+    run_id = client.start_run(linear(counter, 1), {})
+    with pytest.raises(ResumeRefused, match="its lease is live"):
+        resume(client.runtime, run_id)
+    lease = client.runtime.journal.get_lease(run_id)
+    assert lease is not None
+    recovery = resume(client.runtime, run_id, now=lease.expires_at + timedelta(seconds=1))
+    assert recovery.resumed_steps == ("start",)
+    outbox.clear()
+    outbox.append((run_id, "start", recovery.generation))
+    while outbox:
+        execute_step(client.runtime, *outbox.pop(0))
+    before = client.events(run_id)
+    with pytest.raises(ResumeRefused, match="is succeeded; there is nothing to resume"):
+        resume(client.runtime, run_id)
+    assert client.events(run_id) == before
+
+
+def test_zombie_worker_is_fenced_out(client: Client, outbox: list[Message], counter: Path) -> None:
+    """A worker whose lease was stolen mid-step cannot complete it, even when it wakes up later."""
+    run_id = client.start_run(linear(counter, 1), {})
+    execute_step(client.runtime, *outbox.pop(0))
+    _, step, old_generation = outbox.pop(0)
+    journal = client.runtime.journal
+    claim = journal.claim_step(run_id=run_id, step_id=step, generation=old_generation,
+                               worker_id="zombie", now=utcnow(), lease_ttl=30)
+    assert claim.outcome.value == "run"
+    stolen = redrive(client.runtime, run_id, require_expired=False)
+    assert stolen is not None
+    from pal.errors import LeaseLost
+    from pal.interpreter import Handoff
+
+    with pytest.raises(LeaseLost):
+        journal.complete_step(run_id=run_id, step_id=step, attempt=1, generation=old_generation,
+                              output="late", worker_id="zombie", now=utcnow(), lease_ttl=30,
+                              plan=lambda done: Handoff((), False))
+    assert not journal.fail_step(run_id=run_id, step_id=step, attempt=1, generation=old_generation,
+                                 error={"type": "X", "message": "late"}, worker_id="zombie",
+                                 now=utcnow(), lease_ttl=30)
+    while outbox:
+        execute_step(client.runtime, *outbox.pop(0))
+    completed = [e for e in client.events(run_id) if e.kind == "step_completed" and e.step_id == step]
+    assert [(e.generation, e.payload["output"]["label"]) for e in completed] == [(2, "s0")]
+    assert client.get_run(run_id).status == "succeeded"
+
+
+def test_orphan_query_uses_the_in_flight_index(postgres_backend: Backend) -> None:
+    client = Client(postgres_backend.settings)
+    engine = client.runtime.journal.engine
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO runs (id, tenant_id, kind, status, tier, cost_usd, input_tokens, output_tokens,"
+            " created_at) SELECT 'done-' || g, 't', 'graph', 'succeeded', 'shared', 0, 0, 0, now()"
+            " FROM generate_series(1, 20000) g"))
+        conn.execute(sa.text(
+            "INSERT INTO runs (id, tenant_id, kind, status, tier, cost_usd, input_tokens, output_tokens,"
+            " created_at) SELECT 'live-' || g, 't', 'graph', 'running', 'shared', 0, 0, 0, now()"
+            " FROM generate_series(1, 5) g"))
+        conn.execute(sa.text("ANALYZE runs"))
+        conn.execute(sa.text("ANALYZE run_locks"))
+    query = client.runtime.journal.orphan_query(now=utcnow(), limit=20)
+    compiled = query.compile(engine, compile_kwargs={"literal_binds": True})
+    with engine.connect() as conn:
+        plan = "\n".join(conn.execute(sa.text(f"EXPLAIN {compiled}")).scalars())
+    assert "ix_runs_in_flight" in plan, plan
+    assert len(client.runtime.journal.orphaned_runs(now=utcnow(), limit=20)) == 5
+    client.close()
