@@ -310,7 +310,7 @@ class Journal:
     # ------------------------------------------------------------------ reads
 
     @staticmethod
-    def orphan_query(*, now: datetime, limit: int) -> sa.Select[tuple[str]]:
+    def orphan_query(*, now: datetime, limit: int) -> sa.Select[Any]:
         """In-flight runs whose lease is missing or expired (the partial index ix_runs_in_flight
         keeps finished runs out of the scan)."""
         return (

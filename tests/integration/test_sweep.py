@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from pal.client import Client
 from pal.journal import Recovery
-from pal.recovery import RECOVERY_LEASE_SECONDS, ResumeRefused, resume, redrive, sweep
+from pal.recovery import RECOVERY_LEASE_SECONDS, ResumeRefused, redrive, resume, sweep
 from pal.steps import execute_step, utcnow
 from tests.conftest import Backend
 from tests.support.graphs import linear
