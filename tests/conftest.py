@@ -31,7 +31,8 @@ START_REDIS = 'redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save 
 
 @pytest.fixture(scope="session")
 def pg_admin() -> Iterator[sa.Engine]:
-    engine = sa.create_engine(normalize_url(PG_ADMIN_URL), isolation_level="AUTOCOMMIT")
+    # pre_ping: one test restarts Postgres on purpose; the admin pool must survive it.
+    engine = sa.create_engine(normalize_url(PG_ADMIN_URL), isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("select 1"))

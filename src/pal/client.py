@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from pal.config import Settings, load_settings
-from pal.errors import PalError
+from pal.errors import PalError, StorageError
 from pal.journal import Event, RunRecord
 from pal.runs import start_run
 
@@ -49,14 +49,24 @@ class Client:
         return self.runtime.journal.list_runs(status=status, limit=limit, offset=offset)
 
     def wait(self, run_id: str, timeout: float = 60.0, poll: float = 0.05) -> RunRecord:
-        """Poll until the run is terminal; RunTimeout after `timeout` seconds."""
+        """Poll until the run is terminal; RunTimeout after `timeout` seconds.
+
+        A database that is briefly unreachable (a restart) is waited out, not reported.
+        """
         deadline = time.monotonic() + timeout
+        status = "unknown"
         while True:
-            run = self.get_run(run_id)
-            if run.terminal:
-                return run
+            try:
+                run = self.get_run(run_id)
+            except StorageError:
+                if time.monotonic() > deadline:
+                    raise
+            else:
+                if run.terminal:
+                    return run
+                status = run.status
             if time.monotonic() > deadline:
-                raise RunTimeout(f"run {run_id} still {run.status} after {timeout:g}s")
+                raise RunTimeout(f"run {run_id} still {status} after {timeout:g}s")
             time.sleep(poll)
 
     def close(self) -> None:

@@ -128,7 +128,7 @@ def test_stopped_worker_wakes_up_fenced_out(processes: Processes, postgres_backe
 
 
 def test_pal_runs_stuck_and_resume(processes: Processes, postgres_backend: Backend, tmp_path: Path) -> None:
-    client = Client(postgres_backend.settings)
+    client = Client(postgres_backend.settings.with_(lease_ttl=2.0))
     run_id = client.start_run(linear(tmp_path / "c.log", 2), {})  # no worker: the lease will lapse
     env = processes.env()
 
