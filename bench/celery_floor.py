@@ -30,24 +30,14 @@ QUEUE = os.environ.get("BENCH_QUEUE", "palbench-floor")
 DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 SCHEMA = os.environ.get("BENCH_SCHEMA", "public")
 
+from pal.workers.app import DELIVERY_SETTINGS  # noqa: E402
+
 app = Celery("bench_floor", set_as_current=False)
+app.conf.update(DELIVERY_SETTINGS)
 app.conf.update(
     broker_url=BROKER_URL,
     broker_transport_options={"visibility_timeout": 3600, "global_keyprefix": KEY_PREFIX},
-    broker_connection_retry_on_startup=True,
     task_default_queue=QUEUE,
-    task_acks_late=True,
-    task_reject_on_worker_lost=True,
-    worker_prefetch_multiplier=1,
-    task_serializer="json",
-    accept_content=["json"],
-    result_serializer="json",
-    result_backend=None,
-    task_ignore_result=True,
-    task_store_errors_even_if_ignored=False,
-    worker_send_task_events=True,
-    task_send_sent_event=True,
-    worker_hijack_root_logger=False,
 )
 
 # One Postgres and one Redis connection per worker process, opened lazily after the fork.

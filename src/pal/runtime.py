@@ -6,7 +6,6 @@ import os
 import socket
 from collections.abc import Callable
 from functools import cached_property
-from typing import Any
 
 from pal import builtin_tools  # noqa: F401  (registers the built-in tools)
 from pal.config import Settings
@@ -47,6 +46,3 @@ class Runtime:
                 self._graphs.pop(next(iter(self._graphs)))
             self._graphs[key] = graph
         return graph
-
-    def describe(self) -> dict[str, Any]:
-        return {"database": self.settings.database_url, "broker": self.settings.broker_url}

@@ -14,7 +14,6 @@ _MIGRATIONS = Path(__file__).parent / "migrations"
 def alembic_config(engine: Engine) -> Config:
     config = Config()
     config.set_main_option("script_location", str(_MIGRATIONS))
-    config.attributes["engine"] = engine
     return config
 
 

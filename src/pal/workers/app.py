@@ -37,25 +37,32 @@ def broker_transport_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
+# Delivery semantics from DESIGN.md. bench/celery_floor.py uses the same dict, so the peer it
+# measures PAL against pays exactly what PAL pays for delivery.
+DELIVERY_SETTINGS: dict[str, Any] = {
+    "broker_connection_retry_on_startup": True,
+    "task_acks_late": True,
+    "task_reject_on_worker_lost": True,
+    "worker_prefetch_multiplier": 1,
+    "task_serializer": "json",
+    "accept_content": ["json"],
+    "result_serializer": "json",
+    "result_backend": None,
+    "task_ignore_result": True,
+    "task_store_errors_even_if_ignored": False,
+    "worker_send_task_events": True,
+    "task_send_sent_event": True,
+    "worker_hijack_root_logger": False,
+}
+
+
 def create_app(settings: Settings) -> PalCelery:
     app = PalCelery("pal", set_as_current=False)
+    app.conf.update(DELIVERY_SETTINGS)
     app.conf.update(
         broker_url=settings.broker_url,
         broker_transport_options=broker_transport_options(settings),
-        broker_connection_retry_on_startup=True,
         task_default_queue=settings.queue,
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        task_serializer="json",
-        accept_content=["json"],
-        result_serializer="json",
-        result_backend=None,
-        task_ignore_result=True,
-        task_store_errors_even_if_ignored=False,
-        worker_send_task_events=True,
-        task_send_sent_event=True,
-        worker_hijack_root_logger=False,
         worker_concurrency=settings.worker_concurrency,
         beat_schedule=sweep_schedule(settings),
         beat_schedule_filename=str(settings.home / "celerybeat-schedule"),
