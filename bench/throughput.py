@@ -364,7 +364,7 @@ def anatomy(infra: Infra, length: int, tmp: Path) -> list[tuple[str, StepCost]]:
         queue: collections.deque[tuple[str, str, int]] = collections.deque()
         publishes = [0]
 
-        def publish(run_id: str, step_id: str, generation: int) -> None:
+        def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0) -> None:
             publishes[0] += 1
             queue.append((run_id, step_id, generation))
 

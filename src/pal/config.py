@@ -28,6 +28,11 @@ DEFAULT_FILESYSTEM_POLL_SECONDS = 0.02
 DEFAULT_MAX_GRAPH_BYTES = 1_000_000
 DEFAULT_MAX_INPUT_BYTES = 1_000_000
 DEFAULT_VISIBILITY_TIMEOUT_SECONDS = 3600
+DEFAULT_PROVIDER_TIMEOUT_SECONDS = 60.0
+DEFAULT_DELIVERY_TIMEOUT_SECONDS = 30.0
+DEFAULT_SMTP_URL = "smtp://127.0.0.1:25"
+DEFAULT_SMTP_FROM = "pal@localhost"
+DEFAULT_MAX_TURNS = 10
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,13 @@ class Settings:
     max_graph_bytes: int
     max_input_bytes: int
     filesystem_poll: float
+    openai_base_url: str
+    anthropic_base_url: str
+    provider_timeout: float
+    prices: str
+    smtp_url: str
+    smtp_from: str
+    delivery_timeout: float
 
     @property
     def is_embedded_broker(self) -> bool:
@@ -129,6 +141,16 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     PAL_MAX_GRAPH_BYTES      largest accepted graph document (default 1,000,000 bytes)
     PAL_MAX_INPUT_BYTES      largest accepted run input as JSON (default 1,000,000 bytes)
     PAL_FILESYSTEM_POLL      poll period of the embedded broker (default 20ms)
+    PAL_OPENAI_BASE_URL      OpenAI API base URL (default: the SDK's, or OPENAI_BASE_URL)
+    PAL_ANTHROPIC_BASE_URL   Anthropic API base URL (default: the SDK's, or ANTHROPIC_BASE_URL)
+    PAL_PROVIDER_TIMEOUT     one model call's time limit, a duration (default 60s)
+    PAL_PRICES               model prices: a JSON file or inline JSON (see pal.providers.pricing)
+    PAL_SMTP_URL             SMTP server of email nodes, smtp://host:port (default smtp://127.0.0.1:25)
+    PAL_SMTP_FROM            sender of email nodes that name none (default pal@localhost)
+    PAL_DELIVERY_TIMEOUT     one webhook or SMTP delivery's time limit (default 30s)
+
+    API keys are read by the providers from OPENAI_API_KEY and ANTHROPIC_API_KEY, the SDKs' own
+    names; they are never part of the settings, so they cannot reach the journal or a log line.
     """
     env = os.environ if env is None else env
     home = Path(env.get("PAL_HOME", "").strip() or DEFAULT_HOME).absolute()
@@ -155,4 +177,30 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         filesystem_poll=_positive_float(
             env, "PAL_FILESYSTEM_POLL", DEFAULT_FILESYSTEM_POLL_SECONDS
         ),
+        openai_base_url=env.get("PAL_OPENAI_BASE_URL", "").strip(),
+        anthropic_base_url=env.get("PAL_ANTHROPIC_BASE_URL", "").strip(),
+        provider_timeout=_positive_float(env, "PAL_PROVIDER_TIMEOUT", DEFAULT_PROVIDER_TIMEOUT_SECONDS),
+        prices=env.get("PAL_PRICES", "").strip(),
+        smtp_url=_smtp_url(env.get("PAL_SMTP_URL", "").strip() or DEFAULT_SMTP_URL),
+        smtp_from=env.get("PAL_SMTP_FROM", "").strip() or DEFAULT_SMTP_FROM,
+        delivery_timeout=_positive_float(env, "PAL_DELIVERY_TIMEOUT", DEFAULT_DELIVERY_TIMEOUT_SECONDS),
     )
+
+
+def _smtp_url(raw: str) -> str:
+    host, port = smtp_address(raw)
+    return f"smtp://{host}:{port}"
+
+
+def smtp_address(url: str) -> tuple[str, int]:
+    """(host, port) of an smtp://host[:port] URL; ConfigError otherwise."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        port = parts.port or 25
+    except ValueError as exc:
+        raise ConfigError(f"PAL_SMTP_URL={url!r}: bad port") from exc
+    if parts.scheme != "smtp" or not parts.hostname:
+        raise ConfigError(f"PAL_SMTP_URL={url!r} must look like smtp://host:port")
+    return parts.hostname, port

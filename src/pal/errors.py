@@ -17,10 +17,10 @@ class ConfigError(PalError):
 class GraphError(PalError):
     """The graph is invalid; nothing was written."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], what: str = "graph") -> None:
         self.problems = problems
         lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"invalid graph ({len(problems)} problem(s)):\n{lines}")
+        super().__init__(f"invalid {what} ({len(problems)} problem(s)):\n{lines}")
 
 
 class InputError(PalError):
@@ -45,3 +45,65 @@ class StorageError(PalError):
 
 class LeaseLost(PalError):
     """Control flow: this worker's lease generation is no longer current; its writes are fenced out."""
+
+
+class StepError(PalError):
+    """A step failed. `code` names the failure for the journal; `error_class` is its retry class
+    (`timeout`, `llm`, `connector`, `tool`), matched against a node's `retryableClasses`."""
+
+    code = "step_failed"
+    error_class = "tool"
+
+
+class ProviderError(StepError):
+    """The model provider refused or failed the call."""
+
+    code = "llm_error"
+    error_class = "llm"
+
+
+class ProviderTimeout(ProviderError):
+    """The model provider did not answer in time."""
+
+    code = "llm_timeout"
+    error_class = "timeout"
+
+
+class DeliveryError(StepError):
+    """An external delivery (webhook, email) failed.
+
+    `definitely_not_sent` is True when the receiver refused or could not be reached, so nothing
+    was delivered; False when the outcome is unknown (a timeout after sending)."""
+
+    code = "delivery_failed"
+    error_class = "connector"
+    definitely_not_sent = True
+
+
+class DeliveryOutcomeUnknown(DeliveryError):
+    """A delivery broke off after it may have been sent."""
+
+    code = "delivery_outcome_unknown"
+    definitely_not_sent = False
+
+
+class DeliveryTimeout(DeliveryOutcomeUnknown):
+    """The receiver of a delivery did not answer in time."""
+
+    code = "delivery_timeout"
+    error_class = "timeout"
+
+
+class DeliveryInDoubt(StepError):
+    """A delivery was claimed but never confirmed: it may or may not have reached its receiver,
+    and the receiver does not honour idempotency keys, so PAL will not send it again."""
+
+    code = "delivery_in_doubt"
+    error_class = "in_doubt"  # never retryable: a retry would be a second delivery
+
+
+class TurnLimitReached(StepError):
+    """A plain-LLM run used all its turns and the model still asked for tools."""
+
+    code = "turn_limit_reached"
+    error_class = "llm"

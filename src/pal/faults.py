@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 
-POINTS = (
+STEP_POINTS = (
     "after_claim_commit",  # step_started is committed, the node has not run
     "before_effect",  # inside the heartbeat, just before the node's effect
     "after_effect",  # the node returned; step_completed not yet written
@@ -18,6 +18,12 @@ POINTS = (
     "before_publish",  # about to publish the first successor
     "during_finish",  # terminal event written, transaction not yet committed
 )
+DELIVERY_POINTS = (
+    "after_receipt_claim",  # a delivery's receipt is claimed and committed, nothing sent yet
+    "after_delivery",  # the delivery was sent, its receipt not yet settled (the in-doubt window)
+)
+RETRY_POINTS = ("after_retry_commit",)  # step_retrying is committed, the next attempt not published
+POINTS = STEP_POINTS + DELIVERY_POINTS + RETRY_POINTS
 
 
 def armed() -> tuple[str, str | None] | None:

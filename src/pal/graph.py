@@ -23,7 +23,7 @@ from jinja2 import nodes as jnodes
 
 from pal import templates
 from pal.errors import GraphError
-from pal.nodes import KINDS, NodeKind
+from pal.nodes import KINDS, NodeKind, get_kind
 
 NODE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}\Z")
 TOP_LEVEL_KEYS = frozenset({"nodes", "edges", "viewport", "name", "description", "metadata"})
@@ -41,7 +41,7 @@ class Node:
 
     @property
     def kind(self) -> NodeKind:
-        return KINDS[self.type]
+        return get_kind(self.type)
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
-from pal.graph import Edge, Graph
+from pal.graph import Edge, Graph, Node
 
 
 class EdgeState(Enum):
@@ -44,6 +44,7 @@ class Handoff:
     dispatch: tuple[str, ...]
     finished: bool
     output: Any = None
+    error: Mapping[str, Any] | None = None  # a finished run that failed (e.g. a turn limit)
 
 
 def _edge_state(graph: Graph, edge: Edge, completed: Mapping[str, Any],
@@ -113,3 +114,38 @@ def redrive_steps(graph: Graph, completed: Mapping[str, Any]) -> tuple[str, ...]
     """The first incomplete steps of a re-driven run; empty for a finished graph."""
     state = progress(graph, completed)
     return tuple(n for n in graph.order if n in state.ready)
+
+
+class Program(Protocol):
+    """What the step protocol needs of a run's plan: a graph, or a plain-LLM conversation."""
+
+    @property
+    def first_step(self) -> str: ...
+
+    def node(self, step_id: str) -> Node:
+        """The node a step executes; KeyError for a step the plan does not have."""
+        ...
+
+    def handoff(self, completed: Mapping[str, Any], step_id: str) -> Handoff: ...
+
+    def redrive_steps(self, completed: Mapping[str, Any]) -> tuple[str, ...]: ...
+
+
+@dataclass(frozen=True)
+class GraphProgram:
+    """A graph run's plan: the pure walk above over a validated graph."""
+
+    graph: Graph
+
+    @property
+    def first_step(self) -> str:
+        return self.graph.trigger_id
+
+    def node(self, step_id: str) -> Node:
+        return self.graph.nodes[step_id]
+
+    def handoff(self, completed: Mapping[str, Any], step_id: str) -> Handoff:
+        return handoff(self.graph, completed, step_id)
+
+    def redrive_steps(self, completed: Mapping[str, Any]) -> tuple[str, ...]:
+        return redrive_steps(self.graph, completed)

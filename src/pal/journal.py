@@ -25,12 +25,14 @@ from sqlalchemy.engine import Engine
 from pal import faults
 from pal.errors import LeaseLost, RunNotFound, StorageError
 from pal.interpreter import Handoff
+from pal.nodes.base import Receipt, Usage
 from pal.schema import (
     IN_FLIGHT_STATUSES,
     TERMINAL_STATUSES,
     journal_events,
     run_locks,
     runs,
+    side_effect_receipts,
 )
 
 TERMINAL_EVENT = {"succeeded": "run_succeeded", "failed": "run_failed", "cancelled": "run_cancelled"}
@@ -105,6 +107,7 @@ class ClaimOutcome(Enum):
     DUPLICATE = "duplicate"  # this attempt is already claimed under this generation
     STALE = "stale"  # the message's generation is not the lease's (or the run has no lease)
     TERMINAL = "terminal"  # the run is over
+    BACKOFF = "backoff"  # the step is between retry attempts; its next attempt is not due yet
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class Claim:
     run: RunRecord | None = None
     attempt: int = 0
     completed: Mapping[str, Any] | None = None
+    wait_s: float = 0.0  # BACKOFF: seconds until the next attempt is due
 
 
 @dataclass(frozen=True)
@@ -211,13 +215,20 @@ class Journal:
                           journal_events.c.payload)
                 .where(journal_events.c.run_id == run_id,
                        journal_events.c.kind.in_(("step_completed", "step_retrying")))
+                .order_by(journal_events.c.seq)
             ).all()
             completed = {r.step_id: r.payload.get("output") for r in rows
                          if r.kind == "step_completed"}
             if step_id in completed:
                 return Claim(ClaimOutcome.COMPLETED, run)
             # The attempt comes from the journal: a crash mid-attempt resumes the same attempt.
-            attempt = 1 + sum(1 for r in rows if r.kind == "step_retrying" and r.step_id == step_id)
+            retries = [r.payload for r in rows if r.kind == "step_retrying" and r.step_id == step_id]
+            attempt = 1 + len(retries)
+            if retries and retries[-1].get("wake_at"):
+                due = datetime.fromisoformat(retries[-1]["wake_at"])
+                if due > now:  # an early message (a re-drive): the backoff still holds
+                    return Claim(ClaimOutcome.BACKOFF, run, attempt,
+                                 wait_s=(due - now).total_seconds())
             started = self._append(conn, run_id, step_id, attempt, "step_started",
                                    {"attempt": attempt, "worker": worker_id}, generation, now,
                                    on_conflict_skip=True)
@@ -241,23 +252,116 @@ class Journal:
     def complete_step(
         self, *, run_id: str, step_id: str, attempt: int, generation: int, output: Any,
         worker_id: str, now: datetime, lease_ttl: float,
-        plan: Callable[[Mapping[str, Any]], Handoff],
+        plan: Callable[[Mapping[str, Any]], Handoff], usage: Usage | None = None,
     ) -> Handoff:
         """Step protocol, phase 3: `step_completed`, successor hand-off and maybe the finish,
-        in one transaction fenced by generation. Raises LeaseLost when fenced out."""
+        in one transaction fenced by generation. Raises LeaseLost when fenced out.
+
+        The step's usage is added to the run's totals here, only by the transaction whose
+        `step_completed` insert won, so a replay or a duplicate message never counts it twice."""
+        payload: dict[str, Any] = {"output": _json_safe(output)}
+        if usage is not None and (usage.input_tokens or usage.output_tokens or usage.cost_usd):
+            payload["usage"] = {"input_tokens": usage.input_tokens,
+                                "output_tokens": usage.output_tokens,
+                                "cost_usd": str(usage.cost_usd)}
         with self._tx() as conn:
             if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
                 raise LeaseLost(f"run {run_id}: generation {generation} no longer holds the lease")
-            seq = self._append(conn, run_id, step_id, attempt, "step_completed",
-                               {"output": _json_safe(output)}, generation, now,
-                               on_conflict_skip=True)
+            seq = self._append(conn, run_id, step_id, attempt, "step_completed", payload,
+                               generation, now, on_conflict_skip=True)
             if seq is None:
                 return Handoff(dispatch=(), finished=False)
+            if "usage" in payload and usage is not None:
+                conn.execute(
+                    runs.update().where(runs.c.id == run_id).values(
+                        input_tokens=runs.c.input_tokens + usage.input_tokens,
+                        output_tokens=runs.c.output_tokens + usage.output_tokens,
+                        cost_usd=runs.c.cost_usd + usage.cost_usd,
+                    )
+                )
             decision = plan(self._completed(conn, run_id))
-            if decision.finished:
+            if decision.finished and decision.error is not None:
+                self._finish(conn, run_id, "failed", generation, now,
+                             error=_json_safe(dict(decision.error)))
+            elif decision.finished:
                 self._finish(conn, run_id, "succeeded", generation, now,
                              output=_json_safe(decision.output))
             return decision
+
+    def retry_step(
+        self, *, run_id: str, step_id: str, attempt: int, of: int, generation: int,
+        error: Mapping[str, Any], backoff_s: float, worker_id: str, now: datetime,
+        lease_ttl: float,
+    ) -> bool:
+        """Journal `step_retrying {attempt, of, error, wake_at}`; False when fenced out.
+
+        The lease is extended past the wake-up time, so the sweep does not re-drive a run that
+        is only waiting out its backoff; a re-drive that comes anyway finds the wake-up time in
+        the journal and waits (ClaimOutcome.BACKOFF)."""
+        wake_at = now + timedelta(seconds=backoff_s)
+        with self._tx() as conn:
+            if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl + backoff_s):
+                return False
+            self._append(conn, run_id, step_id, attempt, "step_retrying",
+                         {"attempt": attempt, "of": of, "error": dict(error),
+                          "wake_at": wake_at.isoformat()}, generation, now)
+        return True
+
+    # ------------------------------------------------------------- receipts
+
+    def claim_receipt(
+        self, *, key: str, run_id: str, step_id: str, attempt: int, effect_kind: str,
+        target: str, generation: int, worker_id: str, now: datetime, lease_ttl: float,
+    ) -> Receipt:
+        """Claim the delivery of one step attempt before sending it, fenced by generation.
+
+        One INSERT … ON CONFLICT DO NOTHING decides: the caller that inserts owns the send;
+        anyone else gets the existing receipt (delivered, failed, or claimed and in doubt)."""
+        with self._tx() as conn:
+            if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
+                raise LeaseLost(f"run {run_id}: generation {generation} no longer holds the lease")
+            inserted = conn.execute(
+                self._insert(side_effect_receipts).values(
+                    idempotency_key=key, run_id=run_id, step_id=step_id, attempt=attempt,
+                    effect_kind=effect_kind, target=target[:2000], status="claimed",
+                    response=None, created_at=now, updated_at=now,
+                ).on_conflict_do_nothing().returning(side_effect_receipts.c.idempotency_key)
+            ).first()
+            row = conn.execute(
+                sa.select(side_effect_receipts.c.status, side_effect_receipts.c.response)
+                .where(side_effect_receipts.c.idempotency_key == key)
+            ).one()
+        return Receipt(status=row.status, response=row.response, new=inserted is not None)
+
+    def settle_receipt(self, *, key: str, status: str, response: Any, now: datetime) -> None:
+        """Record a claimed delivery's outcome. Not fenced: what happened is true whoever
+        reports it, and a fenced-out worker's report saves the next one from doubt."""
+        with self._tx() as conn:
+            conn.execute(
+                side_effect_receipts.update()
+                .where(side_effect_receipts.c.idempotency_key == key,
+                       side_effect_receipts.c.status == "claimed")
+                .values(status=status, response=_json_safe(response), updated_at=now)
+            )
+
+    def receipts(self, run_id: str) -> list[dict[str, Any]]:
+        with self._tx() as conn:
+            rows = conn.execute(
+                sa.select(side_effect_receipts).where(side_effect_receipts.c.run_id == run_id)
+                .order_by(side_effect_receipts.c.created_at)
+            ).mappings()
+            return [dict(r) for r in rows]
+
+    def mark_in_doubt(
+        self, *, run_id: str, step_id: str, attempt: int, generation: int,
+        detail: Mapping[str, Any], worker_id: str, now: datetime, lease_ttl: float,
+    ) -> None:
+        """Journal `step_in_doubt`: a claimed delivery was never confirmed."""
+        with self._tx() as conn:
+            if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
+                raise LeaseLost(f"run {run_id}: generation {generation} no longer holds the lease")
+            self._append(conn, run_id, step_id, attempt, "step_in_doubt", _json_safe(dict(detail)),
+                         generation, now)
 
     def fail_step(
         self, *, run_id: str, step_id: str, attempt: int, generation: int,

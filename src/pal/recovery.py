@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pal import interpreter
 from pal.config import Settings
 from pal.errors import PalError
 from pal.journal import Recovery, RunRecord
@@ -59,7 +58,7 @@ def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True,
     """
 
     def plan(run: RunRecord, completed: Mapping[str, Any]) -> tuple[str, ...]:
-        return interpreter.redrive_steps(rt.graph_of(run), completed)
+        return rt.program_of(run).redrive_steps(completed)
 
     recovery = rt.journal.recover_run(
         run_id=run_id, worker_id=f"recovery:{rt.worker_id}", now=now or utcnow(),

@@ -7,8 +7,10 @@ import re
 import uuid
 from typing import Any
 
-from pal.errors import InputError
-from pal.graph import parse_graph
+from pal.errors import GraphError, InputError
+from pal.graph import load_graph_text, parse_graph
+from pal.interpreter import GraphProgram
+from pal.llm_runs import is_llm_document, parse_llm_spec
 from pal.journal import RunRecord
 from pal.runtime import Runtime
 from pal.steps import utcnow
@@ -41,22 +43,35 @@ def start_run(
     run_id: str | None = None,
     tenant_id: str | None = None,
 ) -> tuple[RunRecord, bool]:
-    """Validate, create the run (idempotent on `run_id`) and publish its trigger.
+    """Validate, create the run (idempotent on `run_id`) and publish its first step.
 
-    Returns the run and whether this call created it. Nothing is written for invalid input.
+    `graph` is a graph document, or a plain-LLM spec (`{"kind": "llm", ...}`). Returns the run and
+    whether this call created it. Nothing is written for invalid input.
     """
     settings = rt.settings
     if run_id is not None and (not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id)):
         raise InputError(f"run id {run_id!r} is invalid: 1-128 letters, digits, _ . : - "
                          "starting with a letter or digit")
     run_input = check_run_input(run_input, settings.max_input_bytes)
-    parsed = parse_graph(graph, known_tools=registered_tools(),
-                         max_bytes=settings.max_graph_bytes)
+    if isinstance(graph, str):
+        graph = load_graph_text(graph, max_bytes=settings.max_graph_bytes)
+    if is_llm_document(graph):
+        size = len(json.dumps(graph, default=str).encode())
+        if size > settings.max_graph_bytes:
+            raise GraphError([f"llm run spec is {size} bytes, over the limit of "
+                              f"{settings.max_graph_bytes} (PAL_MAX_GRAPH_BYTES)"], what="llm run")
+        llm = parse_llm_spec(graph, known_tools=registered_tools())
+        kind, document, plan_hash, first = "llm", llm.document(), llm.hash, llm.first_step
+    else:
+        parsed = parse_graph(graph, known_tools=registered_tools(),
+                             max_bytes=settings.max_graph_bytes)
+        kind, document, plan_hash = "graph", parsed.document(), parsed.hash
+        first = GraphProgram(parsed).first_step
     record, created = rt.journal.create_run(
-        run_id=run_id or new_run_id(), tenant_id=tenant_id or settings.tenant, kind="graph",
-        graph=parsed.document(), graph_hash=parsed.hash, run_input=run_input, now=utcnow(),
+        run_id=run_id or new_run_id(), tenant_id=tenant_id or settings.tenant, kind=kind,
+        graph=document, graph_hash=plan_hash, run_input=run_input, now=utcnow(),
         lease_ttl=settings.lease_ttl,
     )
     if created:
-        rt.publish(record.id, parsed.trigger_id, 1)
+        rt.publish(record.id, first, 1)
     return record, created

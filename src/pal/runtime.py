@@ -1,30 +1,39 @@
-"""What a PAL process needs to run steps: settings, the journal, parsed graphs, a publisher."""
+"""What a PAL process needs to run steps: settings, the journal, parsed plans, a publisher,
+and the services effectful nodes use (providers, prices, delivery settings)."""
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from decimal import Decimal
 from functools import cached_property
+from typing import Any, Protocol
 
 from pal import builtin_tools  # noqa: F401  (registers the built-in tools)
 from pal.config import Settings
 from pal.database import shared_engine
-from pal.graph import Graph, parse_graph
+from pal.graph import parse_graph
+from pal.interpreter import GraphProgram, Program
 from pal.journal import Journal, RunRecord
+from pal.llm_runs import parse_llm_spec
+from pal.providers import Provider, get_provider
+from pal.providers.pricing import cost, load_prices
 from pal.tools import load_tool_modules
 
-Publish = Callable[[str, str, int], None]
-"""publish(run_id, step_id, generation): ring the doorbell for one step."""
 
-_GRAPH_CACHE_SIZE = 256
+class Publish(Protocol):
+    def __call__(self, run_id: str, step_id: str, generation: int, *, countdown: float = 0.0) -> None:
+        """Ring the doorbell for one step, now or `countdown` seconds from now."""
+
+
+_PLAN_CACHE_SIZE = 256
 
 
 class Runtime:
     def __init__(self, settings: Settings, publish: Publish) -> None:
         self.settings = settings
         self.publish = publish
-        self._graphs: dict[str, Graph] = {}
+        self._plans: dict[str, Program] = {}
         load_tool_modules(settings.tool_modules)
 
     @cached_property
@@ -36,13 +45,31 @@ class Runtime:
         # Computed per call: a forked pool process must not report its parent's pid.
         return f"{socket.gethostname()}:{os.getpid()}"
 
-    def graph_of(self, run: RunRecord) -> Graph:
-        """The run's graph snapshot, parsed once per process (keyed by its hash)."""
-        key = run.graph_hash or ""
-        graph = self._graphs.get(key)
-        if graph is None:
-            graph = parse_graph(run.graph)
-            if len(self._graphs) >= _GRAPH_CACHE_SIZE:
-                self._graphs.pop(next(iter(self._graphs)))
-            self._graphs[key] = graph
-        return graph
+    def program_of(self, run: RunRecord) -> Program:
+        """The run's plan (its graph, or its plain-LLM spec), parsed once per process."""
+        key = f"{run.kind}:{run.graph_hash or ''}"
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = (parse_llm_spec(run.graph, known_tools=None) if run.kind == "llm"
+                    else GraphProgram(parse_graph(run.graph)))
+            if len(self._plans) >= _PLAN_CACHE_SIZE:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[key] = plan
+        return plan
+
+    # ------------------------------------------------ services for nodes (pal.nodes.base.Services)
+
+    @cached_property
+    def _prices(self) -> dict[str, tuple[Decimal, Decimal]]:
+        return load_prices(self.settings.prices)
+
+    def provider(self, name: str) -> Provider:
+        base_urls = {"openai": self.settings.openai_base_url,
+                     "anthropic": self.settings.anthropic_base_url}
+        return get_provider(name, base_urls=base_urls, timeout=self.settings.provider_timeout)
+
+    def price(self, model: str, input_tokens: int, output_tokens: int) -> Decimal | None:
+        return cost(self._prices, model, input_tokens, output_tokens)
+
+    def setting(self, name: str) -> Any:
+        return getattr(self.settings, name)

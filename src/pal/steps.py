@@ -1,6 +1,9 @@
 """The step protocol (DESIGN.md): claim, run with heartbeat, complete and hand off, publish.
 
 Transport-agnostic: the Celery task `pal.execute_node` calls `execute_step`, and so can a test.
+A node that fails is retried by its `retry` policy (a pure decision in pal.retry): the journal
+gets `step_retrying` and the next attempt is published with a countdown, so a backoff never
+blocks a worker process.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
-from pal import faults, interpreter
-from pal.errors import LeaseLost, PalError
+from pal import faults, retry
+from pal.errors import LeaseLost, PalError, StepError
 from pal.journal import ClaimOutcome
-from pal.nodes import StepContext
+from pal.nodes import NodeResult, StepContext, idempotency_key
+from pal.nodes.base import Receipt
 from pal.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -28,7 +32,7 @@ def utcnow() -> datetime:
 
 @dataclass(frozen=True)
 class StepResult:
-    outcome: str  # a ClaimOutcome value, or "completed" / "failed" / "fenced"
+    outcome: str  # a ClaimOutcome value, or "completed" / "failed" / "retrying" / "fenced"
     dispatched: tuple[str, ...] = ()
     finished: bool = False
 
@@ -70,8 +74,35 @@ class Heartbeat:
                 return
 
 
-def _error_of(exc: BaseException) -> dict[str, Any]:
-    return {"type": type(exc).__name__, "message": str(exc)[:4000]}
+class JournalReceipts:
+    """The ReceiptBook of one step attempt: side_effect_receipts rows keyed by its idempotency key."""
+
+    def __init__(self, rt: Runtime, ctx_key: str, run_id: str, step_id: str, attempt: int,
+                 generation: int) -> None:
+        self._rt, self._key = rt, ctx_key
+        self._run_id, self._step_id, self._attempt, self._generation = run_id, step_id, attempt, generation
+
+    def claim(self, effect_kind: str, target: str) -> Receipt:
+        return self._rt.journal.claim_receipt(
+            key=self._key, run_id=self._run_id, step_id=self._step_id, attempt=self._attempt,
+            effect_kind=effect_kind, target=target, generation=self._generation,
+            worker_id=self._rt.worker_id, now=utcnow(), lease_ttl=self._rt.settings.lease_ttl)
+
+    def settle(self, status: str, response: Any) -> None:
+        self._rt.journal.settle_receipt(key=self._key, status=status, response=response, now=utcnow())
+
+    def in_doubt(self, detail: Any) -> None:
+        self._rt.journal.mark_in_doubt(
+            run_id=self._run_id, step_id=self._step_id, attempt=self._attempt,
+            generation=self._generation, detail=detail, worker_id=self._rt.worker_id, now=utcnow(),
+            lease_ttl=self._rt.settings.lease_ttl)
+
+
+def error_of(exc: BaseException) -> dict[str, Any]:
+    """How a failure is journaled: type, message, code and retry class; never a secret."""
+    return {"type": type(exc).__name__, "message": str(exc)[:4000],
+            "code": exc.code if isinstance(exc, StepError) else "step_failed",
+            "class": retry.error_class(exc)}
 
 
 def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> StepResult:
@@ -79,37 +110,45 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
     settings, journal, worker_id = rt.settings, rt.journal, rt.worker_id
     claim = journal.claim_step(run_id=run_id, step_id=step_id, generation=generation,
                                worker_id=worker_id, now=utcnow(), lease_ttl=settings.lease_ttl)
+    if claim.outcome is ClaimOutcome.BACKOFF:
+        # A re-drive reached a step that is waiting out its backoff: ring again when it is due.
+        rt.publish(run_id, step_id, generation, countdown=claim.wait_s)
+        return StepResult(claim.outcome.value)
     if claim.outcome is not ClaimOutcome.RUN or claim.run is None:
         log.info("run %s step %s gen %d: %s, nothing to do", run_id, step_id, generation,
                  claim.outcome.value)
         return StepResult(claim.outcome.value)
     faults.point("after_claim_commit", step_id)
-    graph = rt.graph_of(claim.run)
-    ctx = StepContext(run_id=run_id, step_id=step_id, attempt=claim.attempt,
-                      input=claim.run.input, outputs=claim.completed or {})
+    program = rt.program_of(claim.run)
+    receipts = JournalReceipts(rt, idempotency_key(run_id, step_id, claim.attempt), run_id, step_id,
+                               claim.attempt, generation)
+    ctx = StepContext(run_id=run_id, step_id=step_id, attempt=claim.attempt, input=claim.run.input,
+                      outputs=claim.completed or {}, services=rt, receipts=receipts)
+    policy = retry.RetryPolicy()
     try:
-        node = graph.nodes[step_id]
+        node = program.node(step_id)
+        policy = retry.parse_policy(node.data.get("retry"))
         with Heartbeat(rt, run_id, generation):
             faults.point("before_effect", step_id)
-            output = node.kind.execute(node.data, ctx)
+            result = node.kind.execute(node.data, ctx)
             faults.point("after_effect", step_id)
-            json.dumps(output)  # a non-JSON output fails the step here, not the journal later
+            if not isinstance(result, NodeResult):
+                result = NodeResult(result)
+            json.dumps(result.output)  # a non-JSON output fails the step here, not the journal later
+    except LeaseLost:
+        log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
+        return StepResult("fenced")
     except Exception as exc:  # a node's failure is data for the journal, not a worker crash
-        if isinstance(exc, KeyError) and step_id not in graph.nodes:
-            exc = PalError(f"step {step_id!r} is not a node of the run's graph")
+        if isinstance(exc, KeyError) and exc.args == (step_id,):
+            exc = PalError(f"step {step_id!r} is not a step of the run's plan")
         elif isinstance(exc, TypeError | ValueError) and "JSON" in str(exc):
             exc = PalError(f"step {step_id!r} returned a value that is not JSON: {exc}")
-        failed = journal.fail_step(run_id=run_id, step_id=step_id, attempt=claim.attempt,
-                                   generation=generation, error=_error_of(exc),
-                                   worker_id=worker_id, now=utcnow(),
-                                   lease_ttl=settings.lease_ttl)
-        log.info("run %s step %s failed: %s", run_id, step_id, exc)
-        return StepResult("failed" if failed else "fenced", finished=failed)
+        return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy)
     try:
         handoff = journal.complete_step(
             run_id=run_id, step_id=step_id, attempt=claim.attempt, generation=generation,
-            output=output, worker_id=worker_id, now=utcnow(), lease_ttl=settings.lease_ttl,
-            plan=lambda completed: interpreter.handoff(graph, completed, step_id),
+            output=result.output, worker_id=worker_id, now=utcnow(), lease_ttl=settings.lease_ttl,
+            plan=lambda completed: program.handoff(completed, step_id), usage=result.usage,
         )
     except LeaseLost:
         log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
@@ -121,3 +160,30 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
         faults.point("before_publish", step_id)
         rt.publish(run_id, successor, generation)
     return StepResult("completed", handoff.dispatch, handoff.finished)
+
+
+def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: int,
+            exc: BaseException, policy: retry.RetryPolicy) -> StepResult:
+    """Retry the step when its policy says so, else fail it (and the run)."""
+    settings, journal = rt.settings, rt.journal
+    error = error_of(exc)
+    decision = retry.decide(policy, attempt, error["class"])
+    if decision.retry:
+        kept = journal.retry_step(
+            run_id=run_id, step_id=step_id, attempt=attempt, of=policy.max_attempts,
+            generation=generation, error=error, backoff_s=decision.backoff_s,
+            worker_id=rt.worker_id, now=utcnow(), lease_ttl=settings.lease_ttl)
+        if not kept:
+            return StepResult("fenced")
+        faults.point("after_retry_commit", step_id)
+        log.info("run %s step %s: %s; attempt %d in %.3gs", run_id, step_id, decision.reason,
+                 decision.next_attempt, decision.backoff_s)
+        rt.publish(run_id, step_id, generation, countdown=decision.backoff_s)
+        return StepResult("retrying", (step_id,))
+    if policy.max_attempts > 1:
+        error["retry"] = decision.reason
+    failed = journal.fail_step(run_id=run_id, step_id=step_id, attempt=attempt,
+                               generation=generation, error=error,
+                               worker_id=rt.worker_id, now=utcnow(), lease_ttl=settings.lease_ttl)
+    log.info("run %s step %s failed: %s", run_id, step_id, exc)
+    return StepResult("failed" if failed else "fenced", finished=failed)

@@ -65,3 +65,29 @@ def load_tool_modules(modules: Iterable[str]) -> None:
         except ImportError as exc:
             raise ToolError(f"cannot import tool module {module!r}: {exc}") from exc
         _loaded_modules.add(module)
+
+
+_JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean",
+               "list": "array", "dict": "object"}
+
+
+def describe_tool(name: str) -> dict[str, Any]:
+    """{name, description, parameters}: a JSON-schema description of a registered tool, read
+    from its signature and docstring, for models that call tools."""
+    import inspect
+
+    function = get_tool(name)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for param in inspect.signature(function).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        annotation = param.annotation
+        type_name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+        json_type = _JSON_TYPES.get(str(type_name).split("[")[0])
+        properties[param.name] = {"type": json_type} if json_type else {}
+        if param.default is param.empty:
+            required.append(param.name)
+    description = (inspect.getdoc(function) or f"the {name} tool").split("\n\n")[0]
+    return {"name": name, "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required}}

@@ -16,7 +16,7 @@ import pytest
 
 from pal.client import Client
 from pal.demo import stop_process, wait_until
-from pal.faults import POINTS
+from pal.faults import STEP_POINTS
 from tests.conftest import Backend
 from tests.support.graphs import linear
 from tests.support.tools import calls
@@ -69,7 +69,7 @@ def assert_exactly_once(client: Client, run_id: str) -> None:
     assert client.runtime.journal.get_lease(run_id) is None
 
 
-@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("point", STEP_POINTS)
 def test_worker_killed_at_fault_point_and_the_sweep_finishes_the_run(
     processes: Processes, postgres_backend: Backend, tmp_path: Path, point: str
 ) -> None:

@@ -24,7 +24,7 @@ Message = tuple[str, str, int]
 def outbox(client: Client) -> list[Message]:
     """Every message the runtime publishes, in order, instead of sending it to the broker."""
     sent: list[Message] = []
-    client.runtime.publish = lambda run_id, step_id, generation: sent.append(
+    client.runtime.publish = lambda run_id, step_id, generation, countdown=0.0: sent.append(
         (run_id, step_id, generation))
     return sent
 
@@ -132,7 +132,7 @@ def test_redrive_with_a_real_worker_finishes_the_run(backend: Backend, counter: 
     client = Client(backend.settings)
     sent: list[Message] = []
     real_publish = client.runtime.publish
-    client.runtime.publish = lambda *m: sent.append(m)
+    client.runtime.publish = lambda *m, countdown=0.0: sent.append(m)
     run_id = client.start_run(linear(counter, 3), {})
     for _ in range(2):  # start and s0 run here; their successor messages are never sent
         execute_step(client.runtime, *sent.pop(0))

@@ -23,7 +23,7 @@ Message = tuple[str, str, int]
 @pytest.fixture
 def outbox(client: Client) -> list[Message]:
     sent: list[Message] = []
-    client.runtime.publish = lambda *m: sent.append(m)
+    client.runtime.publish = lambda *m, countdown=0.0: sent.append(m)
     return sent
 
 
@@ -58,7 +58,7 @@ def test_racing_sweepers_produce_exactly_one_redrive(backend: Backend, counter: 
     clients = [Client(backend.settings) for _ in range(8)]
     sent: list[Message] = []
     for c in clients:
-        c.runtime.publish = lambda *m: sent.append(m)
+        c.runtime.publish = lambda *m, countdown=0.0: sent.append(m)
     run_ids = [clients[0].start_run(linear(counter, 1), {}) for _ in range(3)]
     sent.clear()
     later = utcnow() + timedelta(hours=1)

@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 from pal.errors import GraphError
-from pal.nodes.base import NodeKind, StepContext, idempotency_key
+from pal.nodes.ai_step import AiStep
+from pal.nodes.base import NodeKind, NodeResult, StepContext, Usage, idempotency_key
 from pal.nodes.condition import Condition
+from pal.nodes.connector import Connector
+from pal.nodes.email import Email
+from pal.nodes.llm_turn import LlmTool, LlmTurn
 from pal.nodes.output import Output
 from pal.nodes.tool import Tool
 from pal.nodes.trigger import Trigger
 
-KINDS: dict[str, NodeKind] = {kind.type_name: kind for kind in (Trigger(), Tool(), Condition(), Output())}
+KINDS: dict[str, NodeKind] = {
+    kind.type_name: kind
+    for kind in (Trigger(), Tool(), Condition(), Output(), AiStep(), Connector(), Email())
+}
+# The steps of plain-LLM runs: executable, but not for graph authors to name.
+INTERNAL_KINDS: dict[str, NodeKind] = {kind.type_name: kind for kind in (LlmTurn(), LlmTool())}
 
 
 def get_kind(type_name: str) -> NodeKind:
     try:
-        return KINDS[type_name]
+        return KINDS.get(type_name) or INTERNAL_KINDS[type_name]
     except KeyError:
         raise GraphError([f"unknown node type {type_name!r}"]) from None
 
 
-__all__ = ["KINDS", "NodeKind", "StepContext", "get_kind", "idempotency_key"]
+__all__ = ["INTERNAL_KINDS", "KINDS", "NodeKind", "NodeResult", "StepContext", "Usage", "get_kind",
+           "idempotency_key"]

@@ -6,14 +6,64 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from pal import templates
+from pal import retry, templates
+
+if TYPE_CHECKING:
+    from pal.providers import Provider
 
 
 def idempotency_key(run_id: str, step_id: str, attempt: int) -> str:
     """sha256("runID|stepID|attempt"), the key every external effect of a step carries."""
     return hashlib.sha256(f"{run_id}|{step_id}|{attempt}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens and dollars one step spent; the journal adds them to the run's totals once."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: Decimal = Decimal(0)
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """A node's output together with what it cost (a plain return value costs nothing)."""
+
+    output: Any
+    usage: Usage = field(default_factory=Usage)
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """A row of side_effect_receipts as a delivering node sees it."""
+
+    status: str  # "claimed" | "delivered" | "failed"
+    response: Any
+    new: bool  # this call created the claim (False: an earlier invocation did)
+
+
+class ReceiptBook(Protocol):
+    """Claims and confirmations of this step attempt's external delivery (one per attempt)."""
+
+    def claim(self, effect_kind: str, target: str) -> Receipt: ...
+
+    def settle(self, status: str, response: Any) -> None: ...
+
+    def in_doubt(self, detail: Mapping[str, Any]) -> None: ...
+
+
+class Services(Protocol):
+    """What effectful nodes may use, provided by the runtime (so nodes never touch storage)."""
+
+    def provider(self, name: str) -> Provider: ...
+
+    def price(self, model: str, input_tokens: int, output_tokens: int) -> Decimal | None: ...
+
+    def setting(self, name: str) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -25,6 +75,18 @@ class StepContext:
     attempt: int
     input: Any
     outputs: Mapping[str, Any] = field(default_factory=dict)
+    services: Services | None = None
+    receipts: ReceiptBook | None = None
+
+    def need_services(self) -> Services:
+        if self.services is None:
+            raise RuntimeError("this node needs runtime services; run it through the step protocol")
+        return self.services
+
+    def need_receipts(self) -> ReceiptBook:
+        if self.receipts is None:
+            raise RuntimeError("this node delivers; run it through the step protocol")
+        return self.receipts
 
     @property
     def idempotency_key(self) -> str:
@@ -69,9 +131,13 @@ class NodeKind(ABC):
     def validate(self, data: Mapping[str, Any], known_tools: frozenset[str] | None) -> list[str]:
         """Problems with `data`, one sentence each; empty when valid."""
         problems: list[str] = []
+        if "retry" in data:
+            problems.extend(retry.policy_problems(data["retry"]))
         for key in data:
+            if key == "retry":
+                continue
             if key not in self.fields:
-                allowed = ", ".join(sorted(self.fields)) or "none"
+                allowed = ", ".join(sorted([*self.fields, "retry"]))
                 problems.append(f"unknown data field {key!r} (allowed: {allowed})")
         for key, spec in self.fields.items():
             if key not in data:

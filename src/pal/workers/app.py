@@ -72,8 +72,10 @@ def create_app(settings: Settings) -> PalCelery:
         app.conf.update(worker_enable_remote_control=False, worker_send_task_events=False,
                         task_send_sent_event=False)
 
-    def publish(run_id: str, step_id: str, generation: int) -> None:
-        app.send_task(EXECUTE_NODE, args=[run_id, step_id, generation], queue=settings.queue)
+    def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0) -> None:
+        # A countdown is held by the consuming worker's timer, not by a blocked process.
+        app.send_task(EXECUTE_NODE, args=[run_id, step_id, generation], queue=settings.queue,
+                      countdown=countdown if countdown > 0 else None)
 
     app.runtime = Runtime(settings, publish)
     from pal.tasks import register_tasks

@@ -1,0 +1,89 @@
+"""`ai-step`: one model call through a provider, journaled with its text, tokens and cost.
+
+The call carries `Idempotency-Key: sha256("runID|stepID|attempt")`. Once the step has
+`step_completed`, a replay reads the output from the journal and the provider is never called
+again (the completed-step check of the step protocol; the specification's checkCachedLLMStep).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any, ClassVar
+
+from pal.errors import StepError
+from pal.nodes.base import Field, NodeKind, NodeResult, StepContext, Usage
+from pal.providers import PROVIDERS, ModelRequest, ModelResponse, ToolSpec
+
+DEFAULT_PROVIDER = "scripted"
+DEFAULT_MODEL = "scripted-1"
+
+
+def call_model(ctx: StepContext, provider_name: str, request: ModelRequest) -> NodeResult:
+    """Call the model for this step attempt and price the answer (shared by plain-LLM turns)."""
+    services = ctx.need_services()
+    response = services.provider(provider_name).complete(request, ctx.idempotency_key)
+    return priced_result(ctx, provider_name, response)
+
+
+def priced_result(ctx: StepContext, provider_name: str, response: ModelResponse) -> NodeResult:
+    price = ctx.need_services().price(response.model, response.input_tokens, response.output_tokens)
+    usage = Usage(response.input_tokens, response.output_tokens, price or Decimal(0))
+    output: dict[str, Any] = {
+        "text": response.text,
+        "provider": provider_name,
+        "model": response.model,
+        "usage": {"input_tokens": response.input_tokens, "output_tokens": response.output_tokens},
+        "cost_usd": str(usage.cost_usd),
+        "priced": price is not None,
+    }
+    if response.tool_calls:
+        output["tool_calls"] = [dict(c) for c in response.tool_calls]
+    return NodeResult(output, usage)
+
+
+def provider_problems(data: Mapping[str, Any]) -> list[str]:
+    name = data.get("provider", DEFAULT_PROVIDER)
+    if isinstance(name, str) and name not in PROVIDERS:
+        return [f"unknown provider {name!r} (known: {', '.join(PROVIDERS)})"]
+    return []
+
+
+def script_of(data: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
+    script = data.get("script") or []
+    if isinstance(script, list) and all(isinstance(e, Mapping) for e in script):
+        return tuple(dict(e) for e in script)
+    raise StepError("data field 'script' must be a list of objects")
+
+
+class AiStep(NodeKind):
+    type_name = "ai-step"
+    fields: ClassVar[Mapping[str, Field]] = {
+        "prompt": Field((str,), required=True),
+        "system": Field((str,)),
+        "provider": Field((str,), templated=False),
+        "model": Field((str,), templated=False),
+        "maxTokens": Field((int,), templated=False),
+        "temperature": Field((int, float), templated=False),
+        "script": Field((list,), templated=False),
+        "label": Field((str,), templated=False),
+    }
+
+    def validate(self, data: Mapping[str, Any], known_tools: frozenset[str] | None) -> list[str]:
+        return super().validate(data, known_tools) + provider_problems(data)
+
+    def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:
+        prompt = ctx.render(data["prompt"])
+        system = ctx.render(data["system"]) if data.get("system") else None
+        request = ModelRequest(
+            model=str(data.get("model", DEFAULT_MODEL)),
+            messages=({"role": "user", "content": str(prompt)},),
+            system=str(system) if system is not None else None,
+            max_tokens=int(data.get("maxTokens", 1024)),
+            temperature=data.get("temperature"),
+            script=script_of(data),
+        )
+        return call_model(ctx, str(data.get("provider", DEFAULT_PROVIDER)), request)
+
+
+__all__ = ["AiStep", "ToolSpec", "call_model"]

@@ -1,0 +1,75 @@
+"""`anthropic`: the Anthropic Messages API through the official SDK.
+
+The SDK's own retries are off (max_retries=0): retries are PAL's per-step policy, journaled. The
+API key comes from ANTHROPIC_API_KEY and only ever travels in the x-api-key header.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+
+from pal.errors import ProviderError, ProviderTimeout
+from pal.providers.base import ModelRequest, ModelResponse, Provider
+
+
+def _messages(request: ModelRequest) -> list[dict[str, Any]]:
+    """Anthropic wants tool results as user turns of tool_result blocks, consecutive ones merged."""
+    out: list[dict[str, Any]] = []
+    for m in request.messages:
+        if m["role"] == "assistant":
+            blocks: list[dict[str, Any]] = []
+            if m.get("content"):
+                blocks.append({"type": "text", "text": m["content"]})
+            blocks += [{"type": "tool_use", "id": c["id"], "name": c["name"], "input": c["arguments"]}
+                       for c in m.get("tool_calls") or []]
+            out.append({"role": "assistant", "content": blocks or ""})
+        elif m["role"] == "tool":
+            block = {"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]}
+            if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list):
+                out[-1]["content"].append(block)
+            else:
+                out.append({"role": "user", "content": [block]})
+        else:
+            out.append({"role": "user", "content": m.get("content", "")})
+    return out
+
+
+class AnthropicProvider(Provider):
+    name = "anthropic"
+
+    def __init__(self, *, api_key: str | None, base_url: str | None, timeout: float) -> None:
+        self._client = anthropic.Anthropic(api_key=api_key or "unset", base_url=base_url,
+                                           timeout=timeout, max_retries=0)
+
+    def complete(self, request: ModelRequest, idempotency_key: str) -> ModelResponse:
+        kwargs: dict[str, Any] = {"model": request.model, "messages": _messages(request),
+                                  "max_tokens": request.max_tokens}
+        if request.system:
+            kwargs["system"] = request.system
+        if request.temperature is not None:
+            kwargs["temperature"] = request.temperature
+        if request.tools:
+            kwargs["tools"] = [{"name": t.name, "description": t.description,
+                                "input_schema": t.parameters} for t in request.tools]
+        try:
+            reply = self._client.messages.create(
+                **kwargs, extra_headers={"Idempotency-Key": idempotency_key})
+        except anthropic.APITimeoutError as exc:
+            raise ProviderTimeout(f"anthropic: no answer in time: {exc}") from exc
+        except anthropic.APIError as exc:
+            raise ProviderError(f"anthropic: {type(exc).__name__}: {exc}") from exc
+        texts, calls = [], []
+        for block in reply.content:
+            if block.type == "text":
+                texts.append(block.text)
+            elif block.type == "tool_use":
+                calls.append({"id": block.id, "name": block.name,
+                              "arguments": json.loads(json.dumps(block.input))})
+        return ModelResponse(
+            text="".join(texts), model=reply.model or request.model,
+            input_tokens=reply.usage.input_tokens, output_tokens=reply.usage.output_tokens,
+            tool_calls=tuple(calls), stop_reason=reply.stop_reason,
+        )

@@ -1,0 +1,67 @@
+"""`openai`: the OpenAI Chat Completions API through the official SDK.
+
+The SDK's own retries are off (max_retries=0): retries are PAL's per-step policy, journaled. The
+API key comes from OPENAI_API_KEY and only ever travels in the Authorization header.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+
+from pal.errors import ProviderError, ProviderTimeout
+from pal.providers.base import ModelRequest, ModelResponse, Provider
+
+
+def _messages(request: ModelRequest) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if request.system:
+        out.append({"role": "system", "content": request.system})
+    for m in request.messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            out.append({"role": "assistant", "content": m.get("content") or None, "tool_calls": [
+                {"id": c["id"], "type": "function",
+                 "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
+                for c in m["tool_calls"]]})
+        elif m["role"] == "tool":
+            out.append({"role": "tool", "tool_call_id": m["tool_call_id"], "content": m["content"]})
+        else:
+            out.append({"role": m["role"], "content": m.get("content", "")})
+    return out
+
+
+class OpenAIProvider(Provider):
+    name = "openai"
+
+    def __init__(self, *, api_key: str | None, base_url: str | None, timeout: float) -> None:
+        self._client = openai.OpenAI(api_key=api_key or "unset", base_url=base_url, timeout=timeout,
+                                     max_retries=0)
+
+    def complete(self, request: ModelRequest, idempotency_key: str) -> ModelResponse:
+        kwargs: dict[str, Any] = {"model": request.model, "messages": _messages(request),
+                                  "max_tokens": request.max_tokens}
+        if request.temperature is not None:
+            kwargs["temperature"] = request.temperature
+        if request.tools:
+            kwargs["tools"] = [{"type": "function", "function": t.as_dict()} for t in request.tools]
+        try:
+            reply = self._client.chat.completions.create(
+                **kwargs, extra_headers={"Idempotency-Key": idempotency_key})
+        except openai.APITimeoutError as exc:
+            raise ProviderTimeout(f"openai: no answer in time: {exc}") from exc
+        except openai.APIError as exc:
+            raise ProviderError(f"openai: {type(exc).__name__}: {exc}") from exc
+        choice = reply.choices[0]
+        calls = tuple(
+            {"id": c.id, "name": c.function.name, "arguments": json.loads(c.function.arguments or "{}")}
+            for c in (choice.message.tool_calls or []) if getattr(c, "function", None) is not None
+        )
+        usage = reply.usage
+        return ModelResponse(
+            text=choice.message.content or "", model=reply.model or request.model,
+            input_tokens=usage.prompt_tokens if usage else 0,
+            output_tokens=usage.completion_tokens if usage else 0,
+            tool_calls=calls, stop_reason=choice.finish_reason,
+        )
