@@ -10,8 +10,8 @@ from typing import Any
 from pal.errors import GraphError, InputError
 from pal.graph import load_graph_text, parse_graph
 from pal.interpreter import GraphProgram
-from pal.llm_runs import is_llm_document, parse_llm_spec
 from pal.journal import RunRecord
+from pal.llm_runs import is_llm_document, parse_llm_spec
 from pal.runtime import Runtime
 from pal.steps import utcnow
 from pal.tools import registered_tools

@@ -9,55 +9,17 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pal.client import Client
-from pal.demo import stop_process, wait_until
+from pal.demo import wait_until
 from pal.faults import STEP_POINTS
 from tests.conftest import Backend
 from tests.support.graphs import linear
+from tests.support.processes import Processes
 from tests.support.tools import calls
-
-LEASE_TTL = "2s"
-SWEEP_EVERY = "1s"
-
-
-class Processes:
-    """Starts `pal worker` and `pal beat` subprocesses and stops whatever is left at the end."""
-
-    def __init__(self, backend: Backend, folder: Path) -> None:
-        self.backend, self.folder, self.started = backend, folder, []  # type: ignore[var-annotated]
-
-    def env(self, **extra: str) -> dict[str, str]:
-        return self.backend.env() | {"PAL_LEASE_TTL": LEASE_TTL, "PAL_RECOVERY_INTERVAL": SWEEP_EVERY} | extra
-
-    def start(self, args: list[str], log_name: str, **extra: str) -> subprocess.Popen[bytes]:
-        with (self.folder / log_name).open("ab") as log:
-            process = subprocess.Popen([sys.executable, "-m", "pal.cli", *args], env=self.env(**extra),
-                                       stdout=log, stderr=subprocess.STDOUT, cwd=self.folder)
-        self.started.append(process)
-        return process
-
-    def worker(self, name: str, **extra: str) -> subprocess.Popen[bytes]:
-        # solo pool: the worker process is the one that executes, so SIGKILL takes the whole worker.
-        return self.start(["worker", "--pool", "solo", "--loglevel", "INFO"], f"{name}.log", **extra)
-
-    def beat(self) -> subprocess.Popen[bytes]:
-        return self.start(["beat", "--loglevel", "INFO"], "beat.log")
-
-    def stop_all(self) -> None:
-        for process in self.started:
-            stop_process(process)
-
-
-@pytest.fixture
-def processes(postgres_backend: Backend, tmp_path: Path) -> Iterator[Processes]:
-    procs = Processes(postgres_backend, tmp_path)
-    yield procs
-    procs.stop_all()
 
 
 def assert_exactly_once(client: Client, run_id: str) -> None:

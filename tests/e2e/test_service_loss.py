@@ -13,7 +13,8 @@ import redis
 from pal.client import Client
 from pal.demo import wait_until
 from tests.conftest import Backend
-from tests.e2e.test_crash_recovery import Processes, assert_exactly_once
+from tests.e2e.test_crash_recovery import assert_exactly_once
+from tests.support.processes import Processes
 
 # A Redis database of its own, so that flushing it cannot touch any other test's keys.
 FLUSHED_DB_URL = "redis://127.0.0.1:6379/9"

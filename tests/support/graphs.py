@@ -61,3 +61,19 @@ def failing() -> dict[str, Any]:
                   {"id": "out", "type": "output", "data": {"value": 1}}],
         "edges": [edge("start", "bad"), edge("bad", "out")],
     }
+
+
+def single(node: dict[str, Any]) -> dict[str, Any]:
+    """start -> node -> out, where out is the node's output."""
+    return {"nodes": [{"id": "start", "type": "trigger"}, node,
+                      {"id": "out", "type": "output", "data": {"value": f"{{{{ nodes.{node['id']}.output }}}}"}}],
+            "edges": [edge("start", node["id"]), edge(node["id"], "out")]}
+
+
+def flaky(path: Path, failures: int, retry: dict[str, Any] | None, error: str = "tool") -> dict[str, Any]:
+    """A graph whose one tool fails `failures` times before it succeeds."""
+    data: dict[str, Any] = {"tool": "flaky", "args": {"path": str(path), "label": "f", "failures": failures,
+                                                      "error": error}}
+    if retry is not None:
+        data["retry"] = retry
+    return single({"id": "f", "type": "tool", "data": data})

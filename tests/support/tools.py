@@ -45,3 +45,16 @@ def nap(seconds: float) -> float:
 @tool(name="not_json")
 def not_json() -> Any:
     return {1, 2, 3}
+
+
+@tool(name="flaky")
+def flaky(path: str, label: str, failures: int, error: str = "tool") -> dict[str, Any]:
+    """Fail the first `failures` calls (counted in `path`), then succeed: a flaky dependency.
+    `error="timeout"` fails with a TimeoutError (retry class `timeout`) instead of a tool error."""
+    record_call(path, label)
+    made = calls(Path(path)).count(label)
+    if made <= failures:
+        if error == "timeout":
+            raise TimeoutError(f"{label}: call {made} timed out")
+        raise RuntimeError(f"{label}: call {made} failed")
+    return {"label": label, "calls": made}

@@ -1,7 +1,7 @@
 """`anthropic`: the Anthropic Messages API through the official SDK.
 
 The SDK's own retries are off (max_retries=0): retries are PAL's per-step policy, journaled. The
-API key comes from ANTHROPIC_API_KEY and only ever travels in the x-api-key header.
+API key comes from ANTHROPIC_API_KEY and only ever travels in the auth header.
 """
 
 from __future__ import annotations

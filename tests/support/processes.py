@@ -1,0 +1,44 @@
+"""Real `pal worker` and `pal beat` subprocesses for crash tests, stopped at the end of a test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from pal.demo import stop_process
+from tests.conftest import Backend
+
+LEASE_TTL = "2s"
+SWEEP_EVERY = "1s"
+
+
+class Processes:
+    """Starts `pal worker` and `pal beat` subprocesses and stops whatever is left at the end."""
+
+    def __init__(self, backend: Backend, folder: Path) -> None:
+        self.backend, self.folder = backend, folder
+        self.started: list[subprocess.Popen[bytes]] = []
+        self.common: dict[str, str] = {}  # extra environment for every process (provider URLs, ...)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return (self.backend.env() | {"PAL_LEASE_TTL": LEASE_TTL, "PAL_RECOVERY_INTERVAL": SWEEP_EVERY}
+                | self.common | extra)
+
+    def start(self, args: list[str], log_name: str, **extra: str) -> subprocess.Popen[bytes]:
+        with (self.folder / log_name).open("ab") as log:
+            process = subprocess.Popen([sys.executable, "-m", "pal.cli", *args], env=self.env(**extra),
+                                       stdout=log, stderr=subprocess.STDOUT, cwd=self.folder)
+        self.started.append(process)
+        return process
+
+    def worker(self, name: str, **extra: str) -> subprocess.Popen[bytes]:
+        # solo pool: the worker process is the one that executes, so SIGKILL takes the whole worker.
+        return self.start(["worker", "--pool", "solo", "--loglevel", "INFO"], f"{name}.log", **extra)
+
+    def beat(self) -> subprocess.Popen[bytes]:
+        return self.start(["beat", "--loglevel", "INFO"], "beat.log")
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            stop_process(process)
