@@ -77,3 +77,22 @@ def flaky(path: Path, failures: int, retry: dict[str, Any] | None, error: str = 
     if retry is not None:
         data["retry"] = retry
     return single({"id": "f", "type": "tool", "data": data})
+
+
+def webhook(url: str, *, idempotent: bool = False, retry: dict[str, Any] | None = None) -> dict[str, Any]:
+    """start -> notify (a connector POSTing the input's ticket to `url`) -> out."""
+    data: dict[str, Any] = {"url": url, "body": {"ticket": "{{ input.ticket }}"}, "headers": {"X-Source": "pal"}}
+    if idempotent:
+        data["idempotentReceiver"] = True
+    if retry is not None:
+        data["retry"] = retry
+    return single({"id": "notify", "type": "connector", "data": data})
+
+
+def email(*, idempotent: bool = False) -> dict[str, Any]:
+    """start -> notify (an email about the input's ticket) -> out."""
+    data: dict[str, Any] = {"to": "{{ input.to }}", "subject": "Ticket {{ input.ticket }}",
+                            "body": "Your ticket {{ input.ticket }} was answered."}
+    if idempotent:
+        data["idempotentReceiver"] = True
+    return single({"id": "notify", "type": "email", "data": data})

@@ -7,6 +7,7 @@ PAL_SMTP_URL; the sender is `from` or PAL_SMTP_FROM.
 
 from __future__ import annotations
 
+import email.policy
 import smtplib
 from collections.abc import Mapping
 from email.message import EmailMessage
@@ -35,7 +36,8 @@ class Email(NodeKind):
         recipients = [str(r) for r in (to if isinstance(to, list) else [to])]
         if not recipients or not all("@" in r for r in recipients):
             raise DeliveryError(f"email: 'to' rendered to {to!r}, not e-mail addresses")
-        message = EmailMessage()
+        # 998 is SMTP's own line limit: the long Message-ID stays on one line, easy to match on.
+        message = EmailMessage(policy=email.policy.SMTP.clone(max_line_length=998))
         message["From"] = str(ctx.render(data.get("from") or services.setting("smtp_from")))
         message["To"] = ", ".join(recipients)
         message["Subject"] = str(ctx.render(data["subject"]))
