@@ -270,15 +270,20 @@ def demo(
 
     settings = _settings()
     out = console()
-    out.print(f"[bold]PAL demo[/bold]: journal {settings.database_url}, broker {settings.broker_url}")
+    out.print(f"PAL demo: journal {settings.database_url}, broker {settings.broker_url}")
     upgrade(shared_engine(settings.database_url))
     out.print("schema up to date; starting a `pal worker` process (2 children)…")
     worker_process = demo_module.start_worker_process(settings.home)
     try:
         client = _client()
         names: dict[str, str] = {}
+        provider, model = demo_module.demo_model()
+        out.print(f"replies are drafted by an ai-step: provider {provider}, model {model}"
+                  + (" (offline; set OPENAI_API_KEY or ANTHROPIC_API_KEY for a real one)"
+                     if provider == "scripted" else ""))
+        graph = demo_module.triage_graph(provider, model)
         for ticket in demo_module.DEMO_TICKETS[:tickets]:
-            run_id = client.start_run(demo_module.TRIAGE_GRAPH, ticket)
+            run_id = client.start_run(graph, ticket)
             names[run_id] = ticket["id"]
             out.print(f"queued {run_id} for ticket {ticket['id']}: {ticket['text']!r}")
         seen = dict.fromkeys(names, 0)
@@ -299,7 +304,9 @@ def demo(
             record = client.get_run(run_id)
             failed += record.status != "succeeded"
             out.print(journal_table(client.events(run_id),
-                                    f"journal of {run_id} (ticket {ticket_id}): {record.status}"))
+                                    f"journal of {run_id} (ticket {ticket_id}): {record.status}, "
+                                    f"{record.input_tokens}+{record.output_tokens} tokens, "
+                                    f"${record.cost_usd:.6f}"))
         out.print(f"{len(names) - failed} of {len(names)} runs succeeded; "
                   f"each step above was one Celery message. Inspect with `pal runs list`.")
         if failed:

@@ -70,4 +70,8 @@ class Client:
             time.sleep(poll)
 
     def close(self) -> None:
+        """Release the broker connection and the journal's pooled connections (the engine
+        stays usable; it reconnects on demand)."""
         self.app.close()
+        if "journal" in self.runtime.__dict__:
+            self.runtime.journal.engine.dispose()

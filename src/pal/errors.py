@@ -43,6 +43,10 @@ class StorageError(PalError):
     """The journal database refused or failed an operation."""
 
 
+class LeaseBusy(PalError):
+    """A step is running under the run's live lease; it cannot be taken over now."""
+
+
 class LeaseLost(PalError):
     """Control flow: this worker's lease generation is no longer current; its writes are fenced out."""
 

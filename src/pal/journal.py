@@ -23,7 +23,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from pal import faults
-from pal.errors import LeaseLost, RunNotFound, StorageError
+from pal.errors import LeaseBusy, LeaseLost, RunNotFound, StorageError
 from pal.interpreter import Handoff
 from pal.nodes.base import Receipt, Usage
 from pal.schema import (
@@ -379,23 +379,39 @@ class Journal:
     def recover_run(
         self, *, run_id: str, worker_id: str, now: datetime, lease_ttl: float,
         plan: Callable[[RunRecord, Mapping[str, Any]], Sequence[str]],
-        require_expired: bool = True,
+        require_expired: bool = True, allow_idle: bool = False,
     ) -> Recovery | None:
         """Steal the run's lease (generation + 1) and record which steps the re-drive resumes.
 
-        One UPSERT decides the winner: it only updates a lock that has expired (unless
-        `require_expired` is False, for an operator's explicit resume). None means nothing to do:
-        the run is terminal or not in flight, or another holder's lease is still live.
+        One UPSERT decides the winner: it only updates a lock that has expired, unless
+        `require_expired` is False (tests), or `allow_idle` is True and no step is running under
+        the live lease (an operator's resume: messages of the old generation are fenced out at
+        their claim, so taking an idle lease can never let two workers run one step). None means
+        nothing to do: the run is terminal or not in flight, or another holder's lease is live.
+        Raises LeaseBusy when `allow_idle` finds a step running under a live lease.
         """
         expires = now + timedelta(seconds=lease_ttl)
         with self._tx() as conn:
             run = self._run(conn, run_id)
             if run.status not in IN_FLIGHT_STATUSES:
                 return None
+            take_live = not require_expired
+            if allow_idle:
+                lease = conn.execute(
+                    sa.select(run_locks).where(run_locks.c.run_id == run_id).with_for_update()
+                ).mappings().first()
+                if lease is not None and lease["expires_at"] >= now:
+                    running = self._running_steps(conn, run_id, lease["generation"])
+                    if running:
+                        raise LeaseBusy(
+                            f"run {run_id}: step(s) {', '.join(running)} running under "
+                            f"{lease['worker_id']} (generation {lease['generation']}), lease live for "
+                            f"{(lease['expires_at'] - now).total_seconds():.1f}s more")
+                    take_live = True
             stmt = self._insert(run_locks).values(
                 run_id=run_id, worker_id=worker_id, expires_at=expires, generation=1
             )
-            update_where = run_locks.c.expires_at < now if require_expired else sa.true()
+            update_where = sa.true() if take_live else run_locks.c.expires_at < now
             stmt = stmt.on_conflict_do_update(
                 index_elements=[run_locks.c.run_id],
                 set_={"worker_id": worker_id, "expires_at": expires,
@@ -410,6 +426,19 @@ class Journal:
                          {"generation": generation, "resumed_steps": list(steps)},
                          generation, now)
         return Recovery(generation=generation, resumed_steps=steps)
+
+    def _running_steps(self, conn: sa.Connection, run_id: str, generation: int) -> list[str]:
+        """Steps started under `generation` whose attempt has no completion, failure or retry."""
+        rows = conn.execute(
+            sa.select(journal_events.c.step_id, journal_events.c.attempt, journal_events.c.kind,
+                      journal_events.c.generation)
+            .where(journal_events.c.run_id == run_id,
+                   journal_events.c.kind.in_(("step_started", "step_completed", "step_failed",
+                                              "step_retrying")))
+        ).all()
+        closed = {(r.step_id, r.attempt) for r in rows if r.kind != "step_started"}
+        return sorted({r.step_id for r in rows if r.kind == "step_started" and r.generation == generation
+                       and (r.step_id, r.attempt) not in closed})
 
     # ------------------------------------------------------------------ reads
 

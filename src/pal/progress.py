@@ -16,7 +16,7 @@ from pal.journal import Event, RunRecord
 _MARKS = {
     "run_queued": "·", "step_started": "▶", "step_completed": "✓", "step_failed": "✗",
     "run_succeeded": "■", "run_failed": "■", "run_cancelled": "■", "run_recovered": "↻",
-    "step_retrying": "↺", "step_waiting": "…",
+    "step_retrying": "↺", "step_waiting": "…", "step_in_doubt": "?",
 }
 
 
@@ -37,6 +37,12 @@ def describe(event: Event) -> str:
         detail = " output " + short(event.payload.get("output"))
     elif event.kind == "run_recovered":
         detail = f" generation {event.payload.get('generation')}"
+    elif event.kind == "step_retrying":
+        error = event.payload.get("error") or {}
+        detail = (f" attempt {event.payload.get('attempt')} of {event.payload.get('of')} failed: "
+                  + short(error.get("message"), 50))
+    elif event.kind == "step_in_doubt":
+        detail = f" {event.payload.get('effect_kind')} to {event.payload.get('target')} never confirmed"
     return f"{mark} {event.kind}{step}{detail}"
 
 
@@ -92,4 +98,5 @@ def runs_table(runs: Iterable[RunRecord]) -> Table:
 def console() -> Console:
     # Journal tables are wide; a pipe or CI log gets 140 columns rather than 80.
     wide = None if sys.stdout.isatty() else 140
-    return Console(highlight=False, width=wide)
+    # markup=False: journal payloads are user data; "[scripted-1]" must print, not style.
+    return Console(highlight=False, width=wide, markup=False)

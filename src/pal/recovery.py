@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from pal.config import Settings
-from pal.errors import PalError
+from pal.errors import LeaseBusy, PalError
 from pal.journal import Recovery, RunRecord
 from pal.runtime import Runtime
 from pal.steps import utcnow
@@ -50,7 +50,7 @@ def sweep_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     }
 
 
-def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True,
+def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True, allow_idle: bool = False,
             lease_ttl: float = RECOVERY_LEASE_SECONDS, now: datetime | None = None) -> Recovery | None:
     """Take over the run's lease and dispatch its first incomplete steps (a replay).
 
@@ -62,7 +62,7 @@ def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True,
 
     recovery = rt.journal.recover_run(
         run_id=run_id, worker_id=f"recovery:{rt.worker_id}", now=now or utcnow(),
-        lease_ttl=lease_ttl, plan=plan, require_expired=require_expired,
+        lease_ttl=lease_ttl, plan=plan, require_expired=require_expired, allow_idle=allow_idle,
     )
     if recovery is not None:
         for step_id in recovery.resumed_steps:
@@ -90,20 +90,24 @@ def sweep(rt: Runtime, now: datetime | None = None) -> SweepReport:
 
 
 def resume(rt: Runtime, run_id: str, now: datetime | None = None) -> Recovery:
-    """An operator's resume: re-drive now a run whose lease has lapsed, instead of waiting for
-    the sweep. Refuses a terminal run and a run whose lease is live."""
+    """An operator's resume: re-drive a run now instead of waiting for the sweep.
+
+    Takes over a lease that has expired, or a live lease under which no step is running (the run
+    only waits for messages, which may be lost: after a Redis flush, a stolen 10-minute lease would
+    otherwise hold the run that long). Refuses a terminal run, a waiting run, and a run with a step
+    running under a live lease, since taking that over could run the step twice.
+    """
     now = now or utcnow()
     run = rt.journal.get_run(run_id)
     if run.terminal:
         raise ResumeRefused(f"run {run_id} is {run.status}; there is nothing to resume")
     if run.status not in ("queued", "running"):
         raise ResumeRefused(f"run {run_id} is {run.status}; only queued or running runs resume")
-    lease = rt.journal.get_lease(run_id)
-    if lease is not None and lease.expires_at >= now:
-        left = (lease.expires_at - now).total_seconds()
-        raise ResumeRefused(f"run {run_id} is held by {lease.worker_id} (generation "
-                            f"{lease.generation}) for {left:.1f}s more; its lease is live")
-    recovery = redrive(rt, run_id, now=now)
+    try:
+        recovery = redrive(rt, run_id, allow_idle=True, now=now)
+    except LeaseBusy as exc:
+        raise ResumeRefused(f"{exc}; its lease is live. Wait for the step to finish, or for the "
+                            "lease to lapse if its worker died") from exc
     if recovery is None:
-        raise ResumeRefused(f"run {run_id} was taken over by another process just now")
+        raise ResumeRefused(f"run {run_id} finished or was taken over by another process just now")
     return recovery

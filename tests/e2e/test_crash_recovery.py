@@ -91,24 +91,40 @@ def test_stopped_worker_wakes_up_fenced_out(processes: Processes, postgres_backe
 
 def test_pal_runs_stuck_and_resume(processes: Processes, postgres_backend: Backend, tmp_path: Path) -> None:
     client = Client(postgres_backend.settings.with_(lease_ttl=2.0))
-    run_id = client.start_run(linear(tmp_path / "c.log", 2), {})  # no worker: the lease will lapse
     env = processes.env()
 
     def pal(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "pal.cli", *args], env=env, capture_output=True,
                               text=True, timeout=120)
 
-    refused = pal("runs", "resume", run_id)
-    assert refused.returncode == 6 and "its lease is live" in refused.stderr
-    assert wait_until(lambda: run_id in pal("runs", "stuck").stdout, timeout=30)
-    stuck = pal("runs", "stuck")
-    assert "lease expired" in stuck.stdout
-    resumed = pal("runs", "resume", run_id)
+    # No worker yet: the run's lease is live but idle (no step runs under it; its message may as
+    # well be lost), so resume takes it over at once instead of waiting for it to lapse.
+    idle = client.start_run(linear(tmp_path / "a.log", 2), {})
+    resumed = pal("runs", "resume", idle)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"run {run_id} re-driven at generation 2; resumed steps: start" in resumed.stdout
+    assert f"run {idle} re-driven at generation 2; resumed steps: start" in resumed.stdout
+    # A lease that lapsed makes the run stuck: listed with how long, and resumable.
+    lapsed = client.start_run(linear(tmp_path / "b.log", 2), {})
+    assert wait_until(lambda: lapsed in pal("runs", "stuck").stdout, timeout=30)
+    assert "lease expired" in pal("runs", "stuck").stdout
+    assert pal("runs", "resume", lapsed).returncode == 0
     processes.worker("w")
-    assert client.wait(run_id, timeout=120).status == "succeeded"
-    again = pal("runs", "resume", run_id)
+    for run_id in (idle, lapsed):
+        assert client.wait(run_id, timeout=120).status == "succeeded"
+        assert_exactly_once(client, run_id)
+    assert calls(tmp_path / "a.log") == ["s0", "s1"] and calls(tmp_path / "b.log") == ["s0", "s1"]
+    # A step running under a live lease is never taken over: that could run it twice.
+    graph = {"nodes": [{"id": "t", "type": "trigger"},
+                       {"id": "slow", "type": "tool", "data": {"tool": "nap", "args": {"seconds": 4}}}],
+             "edges": [{"source": "t", "target": "slow"}]}
+    busy = client.start_run(graph, {})
+    assert wait_until(lambda: any(e.kind == "step_started" and e.step_id == "slow"
+                                  for e in client.events(busy)), timeout=60)
+    refused = pal("runs", "resume", busy)
+    assert refused.returncode == 6
+    assert "slow running under" in refused.stderr and "its lease is live" in refused.stderr
+    assert client.wait(busy, timeout=120).status == "succeeded"
+    again = pal("runs", "resume", busy)
     assert again.returncode == 6 and "nothing to resume" in again.stderr
     assert "no stuck runs" in pal("runs", "stuck").stdout
     client.close()

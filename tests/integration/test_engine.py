@@ -74,7 +74,8 @@ def test_failing_tool_fails_the_run_with_its_error(client: Client) -> None:
     assert run.error["message"] == "kaput"
     failed = [e for e in events if e.kind == "step_failed"]
     assert [e.step_id for e in failed] == ["bad"]
-    assert failed[0].payload["error"] == {"type": "RuntimeError", "message": "kaput"}
+    assert failed[0].payload["error"] == {"type": "RuntimeError", "message": "kaput", "code": "step_failed",
+                                          "class": "tool"}
     assert terminal_events(events) == ["run_failed"]
     assert "out" not in {e.step_id for e in events}
     assert client.runtime.journal.get_lease(run_id) is None

@@ -6,6 +6,7 @@ delivered when; the worker tests in test_engine.py cover the same code through C
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,39 @@ def test_redrive_with_a_real_worker_finishes_the_run(backend: Backend, counter: 
         assert client.wait(run_id, timeout=60).status == "succeeded"
     assert calls(counter) == ["s0", "s1", "s2"]
     client.close()
+
+
+def test_resume_takes_an_idle_live_lease_but_never_a_busy_one(client: Client, outbox: list[Message],
+                                                              counter: Path) -> None:
+    from pal.recovery import ResumeRefused, resume
+
+    run_id = client.start_run(linear(counter, 1), {})
+    deliver(client, outbox.pop(0))  # the trigger; s0's message is now in the outbox, lease live
+    s0 = outbox.pop(0)
+    claim = client.runtime.journal.claim_step(run_id=run_id, step_id="s0", generation=s0[2],
+                                              worker_id="busy-worker", now=utcnow(), lease_ttl=30)
+    assert claim.outcome.value == "run"  # s0 is now running under the live lease
+    with pytest.raises(ResumeRefused, match="s0 running under busy-worker"):
+        resume(client.runtime, run_id)
+    assert not [e for e in client.events(run_id) if e.kind == "run_recovered"]
+    # The busy worker dies without a trace; once its lease lapses, resume takes over.
+    later = utcnow() + timedelta(seconds=31)
+    recovery = resume(client.runtime, run_id, now=later)
+    assert recovery.generation == 2 and recovery.resumed_steps == ("s0",)
+    assert deliver(client, s0) == "stale"
+    drain(client, outbox)
+    assert client.get_run(run_id).status == "succeeded"
+
+
+def test_resume_of_an_idle_run_fences_out_its_old_messages(client: Client, outbox: list[Message],
+                                                           counter: Path) -> None:
+    from pal.recovery import resume
+
+    run_id = client.start_run(linear(counter, 2), {})
+    old = outbox.pop(0)  # as if the broker lost it... or still holds it
+    recovery = resume(client.runtime, run_id)
+    assert recovery.generation == 2 and recovery.resumed_steps == ("start",)
+    assert deliver(client, old) == "stale"
+    drain(client, outbox)
+    assert client.get_run(run_id).status == "succeeded"
+    assert calls(counter) == ["s0", "s1"]

@@ -84,9 +84,12 @@ def test_racing_sweepers_produce_exactly_one_redrive(backend: Backend, counter: 
         c.close()
 
 
-def test_resume_refuses_a_live_lease_and_a_finished_run(client: Client, outbox: list[Message],
-                                                       counter: Path) -> None:
+def test_resume_refuses_a_busy_live_lease_and_a_finished_run(client: Client, outbox: list[Message],
+                                                             counter: Path) -> None:
     run_id = client.start_run(linear(counter, 1), {})
+    # A worker is running the trigger under the live lease.
+    client.runtime.journal.claim_step(run_id=run_id, step_id="start", generation=1, worker_id="w1",
+                                      now=utcnow(), lease_ttl=30)
     with pytest.raises(ResumeRefused, match="its lease is live"):
         resume(client.runtime, run_id)
     lease = client.runtime.journal.get_lease(run_id)

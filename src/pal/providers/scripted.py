@@ -26,7 +26,7 @@ class ScriptedProvider(Provider):
         entry = request.script[turn] if turn < len(request.script) else None
         if entry is None:
             prompt = last_user_text(request.messages)
-            entry = {"text": f"[{request.model}] " + " ".join(prompt.split()[:40])}
+            entry = {"text": f"[{request.model}] scripted reply to: " + " ".join(prompt.split()[:40])}
         calls = tuple(
             {"id": f"call_{turn}_{index}", "name": str(call["name"]),
              "arguments": dict(call.get("arguments") or {})}
