@@ -43,6 +43,10 @@ class StorageError(PalError):
     """The journal database refused or failed an operation."""
 
 
+class Refused(PalError):
+    """The request is refused in the run's current state; nothing was changed."""
+
+
 class LeaseBusy(PalError):
     """A step is running under the run's live lease; it cannot be taken over now."""
 

@@ -192,12 +192,19 @@ def _parse_nodes(
             problems.append(f"{where}: 'data' {json_problem}")
             continue
         problems.extend(f"{where}: {p}" for p in KINDS[node_type].validate(data, known_tools))
-        for path, text in templates.iter_strings(data):
+        for path, text in template_strings(KINDS[node_type], data):
             error = templates.check(text)
             if error:
                 problems.append(f"{where}: data.{path}: {error}")
         nodes[node_id] = Node(id=node_id, type=node_type, data=dict(data))
     return nodes
+
+
+def template_strings(kind: NodeKind, data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(path, text) of every string in a node's data that is rendered in this graph's context;
+    fields holding an embedded plan (a subagent's graph, a loop's body) are checked by their own."""
+    return [(path, text) for key, value in data.items() if key not in kind.opaque_fields
+            for path, text in templates.iter_strings(value, str(key))]
 
 
 def _json_problem(data: Any) -> str | None:
@@ -340,7 +347,7 @@ def _check_references(
     reversed_edges = [Edge(source=e.target, target=e.source) for e in edges]
     for node in nodes.values():
         ancestors: set[str] | None = None
-        for path, text in templates.iter_strings(node.data):
+        for path, text in template_strings(node.kind, node.data):
             for ref in _referenced_nodes(text):
                 if ref not in nodes:
                     problems.append(

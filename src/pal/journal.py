@@ -23,7 +23,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from pal import faults
-from pal.errors import LeaseBusy, LeaseLost, RunNotFound, StorageError
+from pal.errors import LeaseBusy, LeaseLost, Refused, RunNotFound, StorageError
 from pal.interpreter import Handoff
 from pal.nodes.base import Receipt, Usage
 from pal.schema import (
@@ -36,6 +36,10 @@ from pal.schema import (
 )
 
 TERMINAL_EVENT = {"succeeded": "run_succeeded", "failed": "run_failed", "cancelled": "run_cancelled"}
+Frontier = Callable[[Mapping[str, Any]], Sequence[str]]
+"""frontier(completed): the steps a plan finds ready (in flight or waiting), as in a re-drive."""
+PARKED = "waiting"  # worker_id of a parked run's lock row: a wake-up timer, not a lease
+WAIT_RECHECK_SECONDS = 600.0  # a parked run is looked at again at least this often
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,7 @@ class ClaimOutcome(Enum):
     STALE = "stale"  # the message's generation is not the lease's (or the run has no lease)
     TERMINAL = "terminal"  # the run is over
     BACKOFF = "backoff"  # the step is between retry attempts; its next attempt is not due yet
+    WAITING = "waiting"  # the step is parked (approval, subagent); a message cannot resume it
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,8 @@ class Journal:
         run_input: Any,
         now: datetime,
         lease_ttl: float,
+        parent_run_id: str | None = None,
+        parent_step_id: str | None = None,
     ) -> tuple[RunRecord, bool]:
         """Insert a queued run, its `run_queued` event and its first lease (generation 1).
 
@@ -178,14 +185,17 @@ class Journal:
                 .values(
                     id=run_id, tenant_id=tenant_id, kind=kind, graph=graph,
                     graph_hash=graph_hash, input=run_input, status="queued", tier="shared",
+                    parent_run_id=parent_run_id, parent_step_id=parent_step_id,
                     cost_usd=Decimal(0), input_tokens=0, output_tokens=0, created_at=now,
                 )
                 .on_conflict_do_nothing()
                 .returning(runs.c.id)
             ).first()
             if inserted is not None:
-                self._append(conn, run_id, None, None, "run_queued",
-                             {"graph_hash": graph_hash}, 1, now)
+                queued: dict[str, Any] = {"graph_hash": graph_hash}
+                if parent_run_id is not None:
+                    queued |= {"parent_run_id": parent_run_id, "parent_step_id": parent_step_id}
+                self._append(conn, run_id, None, None, "run_queued", queued, 1, now)
                 conn.execute(
                     run_locks.insert().values(
                         run_id=run_id, worker_id="queued",
@@ -214,13 +224,15 @@ class Journal:
                 sa.select(journal_events.c.step_id, journal_events.c.kind,
                           journal_events.c.payload)
                 .where(journal_events.c.run_id == run_id,
-                       journal_events.c.kind.in_(("step_completed", "step_retrying")))
+                       journal_events.c.kind.in_(("step_completed", "step_retrying", "step_waiting")))
                 .order_by(journal_events.c.seq)
             ).all()
             completed = {r.step_id: r.payload.get("output") for r in rows
                          if r.kind == "step_completed"}
             if step_id in completed:
                 return Claim(ClaimOutcome.COMPLETED, run)
+            if any(r.kind == "step_waiting" and r.step_id == step_id for r in rows):
+                return Claim(ClaimOutcome.WAITING, run)  # parked: only a decision or its child resumes it
             # The attempt comes from the journal: a crash mid-attempt resumes the same attempt.
             retries = [r.payload for r in rows if r.kind == "step_retrying" and r.step_id == step_id]
             attempt = 1 + len(retries)
@@ -253,6 +265,7 @@ class Journal:
         self, *, run_id: str, step_id: str, attempt: int, generation: int, output: Any,
         worker_id: str, now: datetime, lease_ttl: float,
         plan: Callable[[Mapping[str, Any]], Handoff], usage: Usage | None = None,
+        frontier: Frontier | None = None,
     ) -> Handoff:
         """Step protocol, phase 3: `step_completed`, successor hand-off and maybe the finish,
         in one transaction fenced by generation. Raises LeaseLost when fenced out.
@@ -286,7 +299,125 @@ class Journal:
             elif decision.finished:
                 self._finish(conn, run_id, "succeeded", generation, now,
                              output=_json_safe(decision.output))
+            elif not decision.dispatch:
+                self._park_if_idle(conn, run_id, generation, now, frontier)
             return decision
+
+    # ------------------------------------------------------------ waiting
+
+    def park_step(
+        self, *, run_id: str, step_id: str, attempt: int, generation: int,
+        payload: Mapping[str, Any], wake_at: datetime | None, worker_id: str, now: datetime,
+        lease_ttl: float, frontier: Frontier,
+    ) -> bool:
+        """Journal `step_waiting {payload}`; when no other step is in flight, park the run
+        (status `waiting`, no lease held). Raises LeaseLost when fenced out."""
+        body = _json_safe(dict(payload)) | ({"wake_at": wake_at.isoformat()} if wake_at else {})
+        with self._tx() as conn:
+            if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
+                raise LeaseLost(f"run {run_id}: generation {generation} no longer holds the lease")
+            self._append(conn, run_id, step_id, attempt, "step_waiting", body, generation, now)
+            return self._park_if_idle(conn, run_id, generation, now, frontier)
+
+    def resume_waiting(
+        self, *, run_id: str, step_id: str, now: datetime, lease_ttl: float,
+        plan: Callable[[Mapping[str, Any]], Handoff], output: Any = None,
+        error: Mapping[str, Any] | None = None,
+        event: tuple[str, Mapping[str, Any]] | None = None,
+        check: Callable[[Mapping[str, Any]], None] | None = None,
+        frontier: Frontier | None = None,
+    ) -> tuple[Handoff, int]:
+        """Complete (or fail) a parked step: a decision, a child's end, an expiry.
+
+        One transaction under the run's lock row: the step must be waiting and undecided (else
+        Refused); `check(waiting_payload)` may refuse too; `event` (e.g. approval_decided) and
+        `step_completed` are appended together; a parked run takes a fresh lease (generation + 1)
+        for the successors, which the caller publishes with the returned generation."""
+        with self._tx() as conn:
+            run = self._run(conn, run_id)
+            if run.terminal:
+                raise Refused(f"run {run_id} is {run.status}; nothing waits there any more")
+            lock = conn.execute(
+                sa.select(run_locks).where(run_locks.c.run_id == run_id).with_for_update()
+            ).mappings().first()
+            waiting = {w["step_id"]: w for w in self._waiting(conn, run_id)}
+            if step_id not in waiting:
+                raise Refused(self._why_not_waiting(conn, run_id, step_id))
+            if check is not None:
+                check(waiting[step_id]["payload"])
+            attempt = waiting[step_id]["attempt"]
+            if run.status == "waiting" or lock is None:
+                generation = (lock["generation"] if lock else 0) + 1
+                self._upsert_lock(conn, run_id, "queued", now + timedelta(seconds=lease_ttl), generation)
+                conn.execute(runs.update().where(runs.c.id == run_id).values(status="running"))
+            else:
+                generation = lock["generation"]
+            if event is not None:
+                self._append(conn, run_id, step_id, attempt, event[0], _json_safe(dict(event[1])),
+                             generation, now)
+            if error is not None:
+                self._append(conn, run_id, step_id, attempt, "step_failed", {"error": dict(error)},
+                             generation, now)
+                self._finish(conn, run_id, "failed", generation, now, error={**error, "step_id": step_id})
+                return Handoff(dispatch=(), finished=True), generation
+            self._append(conn, run_id, step_id, attempt, "step_completed", {"output": _json_safe(output)},
+                         generation, now)
+            decision = plan(self._completed(conn, run_id))
+            if decision.finished and decision.error is not None:
+                self._finish(conn, run_id, "failed", generation, now, error=_json_safe(dict(decision.error)))
+            elif decision.finished:
+                self._finish(conn, run_id, "succeeded", generation, now, output=_json_safe(decision.output))
+            elif not decision.dispatch:
+                self._park_if_idle(conn, run_id, generation, now, frontier)
+            return decision, generation
+
+    def waiting_steps(self, run_id: str) -> list[dict[str, Any]]:
+        """Undecided parked steps of the run: {step_id, attempt, payload, created_at}."""
+        with self._tx() as conn:
+            return self._waiting(conn, run_id)
+
+    def due_waiting_runs(self, *, now: datetime, limit: int) -> list[str]:
+        """Parked runs whose wake-up time has come (an approval expiry, a finished child)."""
+        with self._tx() as conn:
+            return list(conn.execute(
+                sa.select(runs.c.id).join(run_locks, run_locks.c.run_id == runs.c.id)
+                .where(runs.c.status == "waiting", run_locks.c.expires_at < now)
+                .order_by(run_locks.c.expires_at).limit(limit)
+            ).scalars())
+
+    def rearm_wait(self, *, run_id: str, wake_at: datetime) -> None:
+        """Set when the sweep looks at a parked run again."""
+        with self._tx() as conn:
+            conn.execute(run_locks.update().where(run_locks.c.run_id == run_id,
+                                                  run_locks.c.worker_id == PARKED)
+                         .values(expires_at=wake_at))
+
+    def children(self, run_id: str) -> list[RunRecord]:
+        with self._tx() as conn:
+            rows = conn.execute(sa.select(runs).where(runs.c.parent_run_id == run_id)
+                                .order_by(runs.c.created_at)).mappings()
+            return [_run_record(r) for r in rows]
+
+    def cancel_run(self, *, run_id: str, now: datetime, by: str, reason: str | None) -> list[str]:
+        """Cancel the run and every descendant that is not finished, in one transaction: each
+        gets `run_cancelled` once and loses its lease, so a step still running is fenced out at
+        its next journal write (the next step boundary). Returns the ids cancelled."""
+        with self._tx() as conn:
+            root = self._run(conn, run_id)
+            if root.terminal:
+                raise Refused(f"run {run_id} is {root.status}; it cannot be cancelled")
+            cancelled, frontier = [], [run_id]
+            while frontier:
+                current = frontier.pop(0)
+                lock = conn.execute(sa.select(run_locks.c.generation)
+                                    .where(run_locks.c.run_id == current)).scalar()
+                error = {"code": "cancelled", "by": by, "reason": reason,
+                         "cancelled_with": run_id if current != run_id else None}
+                if self._finish(conn, current, "cancelled", lock or 0, now, error=error):
+                    cancelled.append(current)
+                frontier += list(conn.execute(sa.select(runs.c.id).where(runs.c.parent_run_id == current)
+                                              .order_by(runs.c.created_at)).scalars())
+        return cancelled
 
     def retry_step(
         self, *, run_id: str, step_id: str, attempt: int, of: int, generation: int,
@@ -434,7 +565,7 @@ class Journal:
                       journal_events.c.generation)
             .where(journal_events.c.run_id == run_id,
                    journal_events.c.kind.in_(("step_started", "step_completed", "step_failed",
-                                              "step_retrying")))
+                                              "step_retrying", "step_waiting")))
         ).all()
         closed = {(r.step_id, r.attempt) for r in rows if r.kind != "step_started"}
         return sorted({r.step_id for r in rows if r.kind == "step_started" and r.generation == generation
@@ -536,6 +667,62 @@ class Journal:
         seq: int | None = conn.execute(stmt.returning(journal_events.c.seq)).scalar()
         return seq
 
+    def _waiting(self, conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
+        rows = conn.execute(
+            sa.select(journal_events.c.step_id, journal_events.c.attempt, journal_events.c.kind,
+                      journal_events.c.payload, journal_events.c.created_at)
+            .where(journal_events.c.run_id == run_id,
+                   journal_events.c.kind.in_(("step_waiting", "step_completed", "step_failed")))
+            .order_by(journal_events.c.seq)
+        ).all()
+        settled = {r.step_id for r in rows if r.kind != "step_waiting"}
+        return [{"step_id": r.step_id, "attempt": r.attempt, "payload": r.payload,
+                 "created_at": r.created_at}
+                for r in rows if r.kind == "step_waiting" and r.step_id not in settled]
+
+    def _why_not_waiting(self, conn: sa.Connection, run_id: str, step_id: str) -> str:
+        kinds = set(conn.execute(
+            sa.select(journal_events.c.kind).where(journal_events.c.run_id == run_id,
+                                                   journal_events.c.step_id == step_id)).scalars())
+        if not kinds:
+            return f"run {run_id} has no step {step_id!r} that ever ran"
+        if "approval_decided" in kinds or "step_completed" in kinds:
+            return f"step {step_id!r} of run {run_id} was already decided or completed"
+        return f"step {step_id!r} of run {run_id} is not waiting"
+
+    def _park_if_idle(self, conn: sa.Connection, run_id: str, generation: int, now: datetime,
+                      frontier: Frontier | None) -> bool:
+        """Park the run when steps wait and nothing else is in flight (every step the plan
+        finds ready is a waiting one): status `waiting`, and the lock row becomes a wake-up
+        timer (worker `waiting`, generation + 1 so every older message is stale), due at the
+        earliest expiry, now if a waited-for child has already finished, or at the next re-check."""
+        if frontier is None:
+            return False
+        waiting = self._waiting(conn, run_id)
+        if not waiting or not set(frontier(self._completed(conn, run_id))) <= {w["step_id"] for w in waiting}:
+            return False
+        due = [datetime.fromisoformat(w["payload"]["wake_at"])
+               for w in waiting if w["payload"].get("wake_at")]
+        children = [w["payload"]["child_run_id"] for w in waiting if w["payload"].get("child_run_id")]
+        if children and conn.execute(sa.select(sa.func.count()).select_from(runs).where(
+                runs.c.id.in_(children), runs.c.status.in_(TERMINAL_STATUSES))).scalar():
+            due.append(now)
+        wake_at = min([*due, now + timedelta(seconds=WAIT_RECHECK_SECONDS)])
+        conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status.in_(IN_FLIGHT_STATUSES))
+                     .values(status="waiting"))
+        self._upsert_lock(conn, run_id, PARKED, wake_at, generation + 1)
+        return True
+
+    def _upsert_lock(self, conn: sa.Connection, run_id: str, worker_id: str, expires_at: datetime,
+                     generation: int) -> None:
+        conn.execute(
+            self._insert(run_locks).values(run_id=run_id, worker_id=worker_id, expires_at=expires_at,
+                                           generation=generation)
+            .on_conflict_do_update(index_elements=[run_locks.c.run_id],
+                                   set_={"worker_id": worker_id, "expires_at": expires_at,
+                                         "generation": generation})
+        )
+
     def _completed(self, conn: sa.Connection, run_id: str) -> dict[str, Any]:
         rows = conn.execute(
             sa.select(journal_events.c.step_id, journal_events.c.payload).where(
@@ -564,6 +751,13 @@ class Journal:
         payload = {"output": output} if status == "succeeded" else {"error": error}
         self._append(conn, run_id, None, None, TERMINAL_EVENT[status], payload, generation, now)
         conn.execute(run_locks.delete().where(run_locks.c.run_id == run_id))
+        # A parked parent is due now: the sweep resumes it even if the wake-up message is lost.
+        conn.execute(
+            run_locks.update()
+            .where(run_locks.c.run_id == sa.select(runs.c.parent_run_id).where(runs.c.id == run_id)
+                   .scalar_subquery(), run_locks.c.worker_id == PARKED)
+            .values(expires_at=now)
+        )
         faults.point("during_finish")
         return True
 

@@ -36,6 +36,7 @@ class ResumeRefused(PalError):
 class SweepReport:
     found: int = 0
     recovered: dict[str, Recovery] = field(default_factory=dict)
+    woken: dict[str, int] = field(default_factory=dict)  # parked runs looked at: steps resumed
 
 
 def sweep_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
@@ -86,6 +87,13 @@ def sweep(rt: Runtime, now: datetime | None = None) -> SweepReport:
             report.recovered[run_id] = recovery
             log.info("sweep: run %s re-driven at generation %d: %s", run_id,
                      recovery.generation, ", ".join(recovery.resumed_steps) or "nothing to resume")
+    from pal.waiting import wake
+
+    for run_id in rt.journal.due_waiting_runs(now=now, limit=SWEEP_BATCH):
+        try:
+            report.woken[run_id] = wake(rt, run_id, now=now)
+        except PalError:
+            log.exception("sweep: waking parked run %s failed; the next pass retries", run_id)
     return report
 
 

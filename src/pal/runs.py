@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
 from typing import Any
 
-from pal.errors import GraphError, InputError
-from pal.graph import load_graph_text, parse_graph
-from pal.interpreter import GraphProgram
+from pal.errors import InputError
 from pal.journal import RunRecord
-from pal.llm_runs import is_llm_document, parse_llm_spec
+from pal.plans import parse_plan
 from pal.runtime import Runtime
 from pal.steps import utcnow
 from pal.tools import registered_tools
@@ -53,25 +52,34 @@ def start_run(
         raise InputError(f"run id {run_id!r} is invalid: 1-128 letters, digits, _ . : - "
                          "starting with a letter or digit")
     run_input = check_run_input(run_input, settings.max_input_bytes)
-    if isinstance(graph, str):
-        graph = load_graph_text(graph, max_bytes=settings.max_graph_bytes)
-    if is_llm_document(graph):
-        size = len(json.dumps(graph, default=str).encode())
-        if size > settings.max_graph_bytes:
-            raise GraphError([f"llm run spec is {size} bytes, over the limit of "
-                              f"{settings.max_graph_bytes} (PAL_MAX_GRAPH_BYTES)"], what="llm run")
-        llm = parse_llm_spec(graph, known_tools=registered_tools())
-        kind, document, plan_hash, first = "llm", llm.document(), llm.hash, llm.first_step
-    else:
-        parsed = parse_graph(graph, known_tools=registered_tools(),
-                             max_bytes=settings.max_graph_bytes)
-        kind, document, plan_hash = "graph", parsed.document(), parsed.hash
-        first = GraphProgram(parsed).first_step
+    plan = parse_plan(graph, known_tools=registered_tools(), max_bytes=settings.max_graph_bytes)
     record, created = rt.journal.create_run(
-        run_id=run_id or new_run_id(), tenant_id=tenant_id or settings.tenant, kind=kind,
-        graph=document, graph_hash=plan_hash, run_input=run_input, now=utcnow(),
+        run_id=run_id or new_run_id(), tenant_id=tenant_id or settings.tenant, kind=plan.kind,
+        graph=plan.document, graph_hash=plan.hash, run_input=run_input, now=utcnow(),
         lease_ttl=settings.lease_ttl,
     )
     if created:
-        rt.publish(record.id, first, 1)
+        rt.publish(record.id, plan.program.first_step, 1)
     return record, created
+
+
+def child_run_id(parent_run_id: str, step_id: str, attempt: int) -> str:
+    """The child run of a subagent step attempt: the same id every time the parent asks again."""
+    digest = hashlib.sha256(f"{parent_run_id}|{step_id}|{attempt}".encode()).hexdigest()
+    return f"child_{digest[:40]}"
+
+
+def start_child_run(rt: Runtime, parent_run_id: str, step_id: str, attempt: int, document: Any,
+                    child_input: Any) -> str:
+    """Create (or find) the child run of a subagent step and publish its first step."""
+    parent = rt.journal.get_run(parent_run_id)
+    child_input = check_run_input(child_input, rt.settings.max_input_bytes)
+    plan = parse_plan(document, known_tools=registered_tools(), max_bytes=rt.settings.max_graph_bytes)
+    record, created = rt.journal.create_run(
+        run_id=child_run_id(parent_run_id, step_id, attempt), tenant_id=parent.tenant_id, kind=plan.kind,
+        graph=plan.document, graph_hash=plan.hash, run_input=child_input, now=utcnow(),
+        lease_ttl=rt.settings.lease_ttl, parent_run_id=parent_run_id, parent_step_id=step_id,
+    )
+    if created:
+        rt.publish(record.id, plan.program.first_step, 1)
+    return record.id

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from decimal import Decimal
 from functools import cached_property
 from typing import Any, Protocol
@@ -12,10 +13,10 @@ from typing import Any, Protocol
 from pal import builtin_tools  # noqa: F401  (registers the built-in tools)
 from pal.config import Settings
 from pal.database import shared_engine
-from pal.graph import parse_graph
-from pal.interpreter import GraphProgram, Program
+from pal.interpreter import Program
 from pal.journal import Journal, RunRecord
-from pal.llm_runs import parse_llm_spec
+from pal.nodes.base import StepContext
+from pal.plans import program_of
 from pal.providers import Provider, get_provider
 from pal.providers.pricing import cost, load_prices
 from pal.tools import load_tool_modules
@@ -50,8 +51,7 @@ class Runtime:
         key = f"{run.kind}:{run.graph_hash or ''}"
         plan = self._plans.get(key)
         if plan is None:
-            plan = (parse_llm_spec(run.graph, known_tools=None) if run.kind == "llm"
-                    else GraphProgram(parse_graph(run.graph)))
+            plan = program_of(run.kind, run.graph)
             if len(self._plans) >= _PLAN_CACHE_SIZE:
                 self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan
@@ -73,3 +73,8 @@ class Runtime:
 
     def setting(self, name: str) -> Any:
         return getattr(self.settings, name)
+
+    def start_child(self, ctx: StepContext, document: Mapping[str, Any], child_input: Any) -> str:
+        from pal.runs import start_child_run
+
+        return start_child_run(self, ctx.run_id, ctx.step_id, ctx.attempt, dict(document), child_input)

@@ -18,9 +18,10 @@ from typing import Any
 
 from pal import faults, retry
 from pal.errors import LeaseLost, PalError, StepError
-from pal.journal import ClaimOutcome
+from pal.interpreter import Program
+from pal.journal import ClaimOutcome, RunRecord
 from pal.nodes import NodeResult, StepContext, idempotency_key
-from pal.nodes.base import Receipt
+from pal.nodes.base import Park, Receipt
 from pal.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
     receipts = JournalReceipts(rt, idempotency_key(run_id, step_id, claim.attempt), run_id, step_id,
                                claim.attempt, generation)
     ctx = StepContext(run_id=run_id, step_id=step_id, attempt=claim.attempt, input=claim.run.input,
-                      outputs=claim.completed or {}, services=rt, receipts=receipts)
+                      outputs=claim.completed or {}, services=rt, receipts=receipts, started_at=utcnow())
     policy = retry.RetryPolicy()
     try:
         node = program.node(step_id)
@@ -132,6 +133,8 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
             faults.point("before_effect", step_id)
             result = node.kind.execute(node.data, ctx)
             faults.point("after_effect", step_id)
+            if isinstance(result, Park):
+                return _park(rt, claim.run, step_id, claim.attempt, generation, result, program)
             if not isinstance(result, NodeResult):
                 result = NodeResult(result)
             json.dumps(result.output)  # a non-JSON output fails the step here, not the journal later
@@ -143,12 +146,13 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
             exc = PalError(f"step {step_id!r} is not a step of the run's plan")
         elif isinstance(exc, TypeError | ValueError) and "JSON" in str(exc):
             exc = PalError(f"step {step_id!r} returned a value that is not JSON: {exc}")
-        return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy)
+        return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy, claim.run.parent_run_id)
     try:
         handoff = journal.complete_step(
             run_id=run_id, step_id=step_id, attempt=claim.attempt, generation=generation,
             output=result.output, worker_id=worker_id, now=utcnow(), lease_ttl=settings.lease_ttl,
             plan=lambda completed: program.handoff(completed, step_id), usage=result.usage,
+            frontier=program.redrive_steps,
         )
     except LeaseLost:
         log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
@@ -159,11 +163,39 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
     for successor in handoff.dispatch:
         faults.point("before_publish", step_id)
         rt.publish(run_id, successor, generation)
+    if handoff.finished:
+        _wake_parent(rt, claim.run.parent_run_id)
     return StepResult("completed", handoff.dispatch, handoff.finished)
 
 
+def _park(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: int, park: Park,
+          program: Program) -> StepResult:
+    """Journal `step_waiting` and, when nothing else is in flight, park the run."""
+    try:
+        parked = rt.journal.park_step(
+            run_id=run.id, step_id=step_id, attempt=attempt, generation=generation,
+            payload=park.payload, wake_at=park.wake_at, worker_id=rt.worker_id, now=utcnow(),
+            lease_ttl=rt.settings.lease_ttl, frontier=program.redrive_steps)
+    except LeaseLost:
+        log.warning("run %s step %s: fenced out (generation %d)", run.id, step_id, generation)
+        return StepResult("fenced")
+    if park.payload.get("child_run_id"):
+        # The child may already have finished before the park committed: look once now.
+        _wake_parent(rt, run.id)
+    log.info("run %s step %s waiting%s", run.id, step_id, "; run parked" if parked else "")
+    return StepResult("waiting")
+
+
+def _wake_parent(rt: Runtime, parent_run_id: str | None) -> None:
+    if parent_run_id is None:
+        return
+    from pal.waiting import wake_quietly
+
+    wake_quietly(rt, parent_run_id)
+
+
 def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: int,
-            exc: BaseException, policy: retry.RetryPolicy) -> StepResult:
+            exc: BaseException, policy: retry.RetryPolicy, parent_run_id: str | None) -> StepResult:
     """Retry the step when its policy says so, else fail it (and the run)."""
     settings, journal = rt.settings, rt.journal
     error = error_of(exc)
@@ -186,4 +218,6 @@ def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: in
                                generation=generation, error=error,
                                worker_id=rt.worker_id, now=utcnow(), lease_ttl=settings.lease_ttl)
     log.info("run %s step %s failed: %s", run_id, step_id, exc)
+    if failed:
+        _wake_parent(rt, parent_run_id)
     return StepResult("failed" if failed else "fenced", finished=failed)

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from pal.errors import GraphError
 from pal.nodes.ai_step import AiStep
+from pal.nodes.approval import Approval
 from pal.nodes.base import NodeKind, NodeResult, StepContext, Usage, idempotency_key
 from pal.nodes.condition import Condition
 from pal.nodes.connector import Connector
 from pal.nodes.email import Email
 from pal.nodes.llm_turn import LlmTool, LlmTurn
 from pal.nodes.output import Output
+from pal.nodes.subagent import Subagent
 from pal.nodes.tool import Tool
 from pal.nodes.trigger import Trigger
 
 KINDS: dict[str, NodeKind] = {
     kind.type_name: kind
-    for kind in (Trigger(), Tool(), Condition(), Output(), AiStep(), Connector(), Email())
+    for kind in (Trigger(), Tool(), Condition(), Output(), AiStep(), Connector(), Email(), Approval(),
+                 Subagent())
 }
 # The steps of plain-LLM runs: executable, but not for graph authors to name.
 INTERNAL_KINDS: dict[str, NodeKind] = {kind.type_name: kind for kind in (LlmTurn(), LlmTool())}

@@ -6,6 +6,7 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -38,6 +39,16 @@ class NodeResult:
 
 
 @dataclass(frozen=True)
+class Park:
+    """Returned by a node that waits (approval, subagent): journal `step_waiting {payload}` and
+    park the run, with no lease and no worker held, until a decision or a child's end wakes it.
+    `wake_at` asks the sweep to look again then (an approval's expiry)."""
+
+    payload: Mapping[str, Any]
+    wake_at: datetime | None = None
+
+
+@dataclass(frozen=True)
 class Receipt:
     """A row of side_effect_receipts as a delivering node sees it."""
 
@@ -65,6 +76,10 @@ class Services(Protocol):
 
     def setting(self, name: str) -> Any: ...
 
+    def start_child(self, ctx: StepContext, document: Mapping[str, Any], child_input: Any) -> str:
+        """Start (or find) the child run of this step attempt; returns its id."""
+        ...
+
 
 @dataclass(frozen=True)
 class StepContext:
@@ -77,6 +92,11 @@ class StepContext:
     outputs: Mapping[str, Any] = field(default_factory=dict)
     services: Services | None = None
     receipts: ReceiptBook | None = None
+    started_at: datetime | None = None  # when the step was claimed: the node's "now"
+    loop: Mapping[str, Any] | None = None  # inside a loop body: {"item", "index"}
+
+    def now(self) -> datetime:
+        return self.started_at or datetime.now(UTC)
 
     def need_services(self) -> Services:
         if self.services is None:
@@ -93,11 +113,14 @@ class StepContext:
         return idempotency_key(self.run_id, self.step_id, self.attempt)
 
     def template_context(self) -> dict[str, Any]:
-        return {
+        context: dict[str, Any] = {
             "input": self.input,
             "nodes": {step: {"output": out} for step, out in self.outputs.items()},
             "run": {"id": self.run_id},
         }
+        if self.loop is not None:
+            context["loop"] = dict(self.loop)
+        return context
 
     def render(self, value: Any) -> Any:
         return templates.render(value, self.template_context())
@@ -127,6 +150,8 @@ class NodeKind(ABC):
     fields: ClassVar[Mapping[str, Field]] = {}
     branches: ClassVar[tuple[str, ...]] = ()  # outgoing edges pick one by sourceHandle
     allows_cycles: ClassVar[bool] = False  # only loop nodes may close a cycle
+    waits: ClassVar[bool] = False  # returns Park: approval, subagent
+    opaque_fields: ClassVar[tuple[str, ...]] = ()  # hold an embedded plan, validated on its own
 
     def validate(self, data: Mapping[str, Any], known_tools: frozenset[str] | None) -> list[str]:
         """Problems with `data`, one sentence each; empty when valid."""
