@@ -92,6 +92,12 @@ class Graph:
         }
 
     @cached_property
+    def bodies(self) -> Mapping[str, Graph]:
+        """The parsed body of each loop node."""
+        return {n.id: parse_body(n.data["body"], known_tools=None, outer=None)
+                for n in self.nodes.values() if n.type == "loop"}
+
+    @cached_property
     def hash(self) -> str:
         canonical = json.dumps(self.document(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
@@ -138,6 +144,7 @@ def parse_graph(
     if trigger_id and order is not None:
         _check_reachable(nodes, edges, trigger_id, problems)
         _check_references(nodes, edges, problems)
+        _check_loop_bodies(nodes, edges, known_tools, problems)
     if problems or trigger_id is None or order is None:
         raise GraphError(problems)
     return Graph(nodes=nodes, edges=tuple(edges), trigger_id=trigger_id, order=order)
@@ -317,6 +324,40 @@ def _topological_order(
     return None
 
 
+def _check_loop_bodies(nodes: Mapping[str, Node], edges: list[Edge], known_tools: frozenset[str] | None,
+                       problems: list[str]) -> None:
+    reversed_edges = [Edge(source=e.target, target=e.source) for e in edges]
+    for node in nodes.values():
+        if node.type == "loop" and "body" in node.data:
+            outer = frozenset(_descendants(node.id, reversed_edges))
+            try:
+                parse_body(node.data["body"], known_tools=known_tools, outer=outer)
+            except GraphError as exc:
+                problems.extend(f"node {node.id!r}: body: {p}" for p in exc.problems)
+
+
+def parse_body(document: Any, *, known_tools: frozenset[str] | None,
+               outer: frozenset[str] | None) -> Graph:
+    """A loop body: one node `{id, type, data}` or a sub-graph `{nodes, edges}` with no trigger.
+    Its entry nodes are those without incoming edges. `outer` (the nodes that run before the
+    loop) may be referenced from body templates; None skips the reference check (a stored,
+    validated body)."""
+    if isinstance(document, Mapping) and "nodes" not in document:
+        document = {"nodes": [document], "edges": []}
+    problems: list[str] = []
+    nodes = _parse_nodes(document, known_tools, problems)
+    for node in nodes.values():
+        if node.type in ("trigger", "loop"):
+            problems.append(f"node {node.id!r}: a loop body cannot hold a {node.type} node")
+    edges = _parse_edges(document, nodes, problems)
+    order = _topological_order(nodes, edges, problems)
+    if order is not None and outer is not None:
+        _check_references(nodes, edges, problems, outer=outer)
+    if problems or order is None:
+        raise GraphError(problems, what="loop body")
+    return Graph(nodes=nodes, edges=tuple(edges), trigger_id="", order=order)
+
+
 def _check_reachable(
     nodes: Mapping[str, Node], edges: list[Edge], trigger_id: str, problems: list[str]
 ) -> None:
@@ -341,14 +382,18 @@ def _descendants(start: str, edges: list[Edge]) -> set[str]:
 
 
 def _check_references(
-    nodes: Mapping[str, Node], edges: list[Edge], problems: list[str]
+    nodes: Mapping[str, Node], edges: list[Edge], problems: list[str],
+    outer: frozenset[str] = frozenset(),
 ) -> None:
-    """`{{ nodes.X... }}` must name a node upstream of the one that uses it."""
+    """`{{ nodes.X... }}` must name a node upstream of the one that uses it (in a loop body:
+    upstream in the body, or in `outer`, the nodes that run before the loop)."""
     reversed_edges = [Edge(source=e.target, target=e.source) for e in edges]
     for node in nodes.values():
         ancestors: set[str] | None = None
         for path, text in template_strings(node.kind, node.data):
             for ref in _referenced_nodes(text):
+                if ref in outer and ref not in nodes:
+                    continue
                 if ref not in nodes:
                     problems.append(
                         f"node {node.id!r}: data.{path} refers to unknown node {ref!r}"

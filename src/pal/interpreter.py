@@ -11,6 +11,7 @@ matches the edge's sourceHandle; it is dead when its source was skipped or chose
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -35,6 +36,9 @@ class Progress:
     @property
     def finished(self) -> bool:
         return not self.ready and not self.pending
+
+    def ready_in_order(self, graph: Graph) -> list[str]:
+        return [n for n in graph.order if n in self.ready]
 
 
 @dataclass(frozen=True)
@@ -130,10 +134,20 @@ class Program(Protocol):
 
     def redrive_steps(self, completed: Mapping[str, Any]) -> tuple[str, ...]: ...
 
+    def view(self, step_id: str, completed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
+        """(outputs, loop): what the step's templates see as `nodes` and as `loop`."""
+        ...
+
+
+# loop[items], or loop[3].local
+_LOOP_STEP = re.compile(
+    r"^(?P<loop>[A-Za-z_][A-Za-z0-9_-]*)\[(?:(?P<items>items)|(?P<index>\d+)\]\.(?P<local>.+)|)")
+
 
 @dataclass(frozen=True)
 class GraphProgram:
-    """A graph run's plan: the pure walk above over a validated graph."""
+    """A graph run's plan: the pure walk above, with each ready loop node expanded into its own
+    steps (`loop[items]`, then iteration i's body steps `loop[i].<node>`, then `loop`)."""
 
     graph: Graph
 
@@ -142,10 +156,82 @@ class GraphProgram:
         return self.graph.trigger_id
 
     def node(self, step_id: str) -> Node:
-        return self.graph.nodes[step_id]
+        if step_id in self.graph.nodes:
+            return self.graph.nodes[step_id]
+        loop_id, index, local = self._locate(step_id)
+        loop = self.graph.nodes[loop_id]
+        if index is None:
+            data = {k: v for k, v in loop.data.items() if k in ("items", "maxIterations", "retry")}
+            return Node(id=step_id, type="loop-items", data=data)
+        return self.graph.bodies[loop_id].nodes[local or ""]
+
+    def _locate(self, step_id: str) -> tuple[str, int | None, str | None]:
+        match = _LOOP_STEP.match(step_id)
+        if match is None or match["loop"] not in self.graph.bodies:
+            raise KeyError(step_id)
+        if match["items"]:
+            if step_id != f"{match['loop']}[items]":
+                raise KeyError(step_id)
+            return match["loop"], None, None
+        if match["index"] is None or match["local"] not in self.graph.bodies[match["loop"]].nodes:
+            raise KeyError(step_id)
+        return match["loop"], int(match["index"]), match["local"]
+
+    def _iteration(self, loop_id: str, index: int, completed: Mapping[str, Any]) -> dict[str, Any]:
+        prefix = f"{loop_id}[{index}]."
+        return {k[len(prefix):]: v for k, v in completed.items() if k.startswith(prefix)}
+
+    def _loop_frontier(self, loop_id: str, completed: Mapping[str, Any]) -> tuple[str, ...]:
+        items_step = f"{loop_id}[items]"
+        if items_step not in completed:
+            return (items_step,)
+        body = self.graph.bodies[loop_id]
+        for index in range(len(completed[items_step]["items"])):
+            state = progress(body, self._iteration(loop_id, index, completed))
+            if not state.finished:  # iterations run one after another
+                return tuple(f"{loop_id}[{index}].{n}" for n in body.order if n in state.ready)
+        return (loop_id,)
+
+    def frontier(self, completed: Mapping[str, Any]) -> tuple[str, ...]:
+        """The steps ready now, loops expanded: what a re-drive dispatches."""
+        ready: list[str] = []
+        for node_id in progress(self.graph, completed).ready_in_order(self.graph):
+            if self.graph.nodes[node_id].type == "loop":
+                ready.extend(self._loop_frontier(node_id, completed))
+            else:
+                ready.append(node_id)
+        return tuple(ready)
 
     def handoff(self, completed: Mapping[str, Any], step_id: str) -> Handoff:
-        return handoff(self.graph, completed, step_id)
+        """Only steps that became ready because of this completion are dispatched (see `handoff`)."""
+        if progress(self.graph, completed).finished:
+            return Handoff(dispatch=(), finished=True, output=run_output(self.graph, completed))
+        before = set(self.frontier({k: v for k, v in completed.items() if k != step_id}))
+        return Handoff(dispatch=tuple(s for s in self.frontier(completed) if s not in before), finished=False)
 
     def redrive_steps(self, completed: Mapping[str, Any]) -> tuple[str, ...]:
-        return redrive_steps(self.graph, completed)
+        return self.frontier(completed)
+
+    def view(self, step_id: str, completed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
+        outer = {k: v for k, v in completed.items() if k in self.graph.nodes}
+        node = self.graph.nodes.get(step_id)
+        if node is not None and node.type == "loop":
+            count = len(completed[f"{step_id}[items]"]["items"])
+            return outer, {"results": [self._iteration_output(step_id, i, completed) for i in range(count)]}
+        if node is not None:
+            return outer, None
+        loop_id, index, _ = self._locate(step_id)
+        if index is None:
+            return outer, None
+        items = completed[f"{loop_id}[items]"]["items"]
+        return (outer | self._iteration(loop_id, index, completed),
+                {"item": items[index], "index": index, "count": len(items)})
+
+    def _iteration_output(self, loop_id: str, index: int, completed: Mapping[str, Any]) -> Any:
+        """An iteration's output: its body's last node's output (several sinks: keyed by id)."""
+        body = self.graph.bodies[loop_id]
+        done = self._iteration(loop_id, index, completed)
+        sinks = [n for n in body.order if not body.outgoing[n]]
+        if len(sinks) == 1:
+            return done.get(sinks[0])
+        return {n: done.get(n) for n in sinks}

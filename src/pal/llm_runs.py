@@ -111,6 +111,9 @@ class LlmProgram:
     def redrive_steps(self, completed: Mapping[str, Any]) -> tuple[str, ...]:
         return self._state(completed).dispatch
 
+    def view(self, step_id: str, completed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
+        return completed, None
+
 
 def parse_llm_spec(document: Mapping[str, Any], *, known_tools: frozenset[str] | None) -> LlmProgram:
     """Validate a `kind: llm` document; GraphError lists every problem at once."""

@@ -123,11 +123,12 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
     program = rt.program_of(claim.run)
     receipts = JournalReceipts(rt, idempotency_key(run_id, step_id, claim.attempt), run_id, step_id,
                                claim.attempt, generation)
-    ctx = StepContext(run_id=run_id, step_id=step_id, attempt=claim.attempt, input=claim.run.input,
-                      outputs=claim.completed or {}, services=rt, receipts=receipts, started_at=utcnow())
     policy = retry.RetryPolicy()
     try:
         node = program.node(step_id)
+        outputs, loop = program.view(step_id, claim.completed or {})
+        ctx = StepContext(run_id=run_id, step_id=step_id, attempt=claim.attempt, input=claim.run.input,
+                          outputs=outputs, services=rt, receipts=receipts, started_at=utcnow(), loop=loop)
         policy = retry.parse_policy(node.data.get("retry"))
         with Heartbeat(rt, run_id, generation):
             faults.point("before_effect", step_id)

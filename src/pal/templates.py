@@ -17,7 +17,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pal.errors import TemplateError
 
-ALLOWED_NAMES = frozenset({"input", "nodes", "run"})
+ALLOWED_NAMES = frozenset({"input", "nodes", "run", "loop"})
 _SINGLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>(?:(?!\}\}|\{\{|\{%|\{#).)*)\}\}\s*$", re.S)
 _SYNTAX_MARKERS = ("{{", "{%", "{#")
 

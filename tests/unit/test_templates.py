@@ -126,7 +126,7 @@ def test_check_accepts_valid_templates(text: str) -> None:
         pytest.param("{{ input.x ", "template syntax error", id="unclosed-expression"),
         pytest.param("{% if input.x %}yes", "template syntax error", id="unclosed-block"),
         pytest.param("{{ input. }}", "template syntax error", id="dangling-dot"),
-        pytest.param("{{ secret }}", "unknown name(s) secret (allowed: input, nodes, run)",
+        pytest.param("{{ secret }}", "unknown name(s) secret (allowed: input, loop, nodes, run)",
                      id="unknown-name"),
         pytest.param("{{ a }}{{ b }}", "unknown name(s) a, b", id="two-unknown-names"),
     ],

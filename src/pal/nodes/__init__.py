@@ -10,6 +10,7 @@ from pal.nodes.condition import Condition
 from pal.nodes.connector import Connector
 from pal.nodes.email import Email
 from pal.nodes.llm_turn import LlmTool, LlmTurn
+from pal.nodes.loop import Loop, LoopItems
 from pal.nodes.output import Output
 from pal.nodes.subagent import Subagent
 from pal.nodes.tool import Tool
@@ -18,10 +19,10 @@ from pal.nodes.trigger import Trigger
 KINDS: dict[str, NodeKind] = {
     kind.type_name: kind
     for kind in (Trigger(), Tool(), Condition(), Output(), AiStep(), Connector(), Email(), Approval(),
-                 Subagent())
+                 Subagent(), Loop())
 }
-# The steps of plain-LLM runs: executable, but not for graph authors to name.
-INTERNAL_KINDS: dict[str, NodeKind] = {kind.type_name: kind for kind in (LlmTurn(), LlmTool())}
+# Steps PAL plans itself (plain-LLM turns, a loop's list): executable, not for graph authors.
+INTERNAL_KINDS: dict[str, NodeKind] = {kind.type_name: kind for kind in (LlmTurn(), LlmTool(), LoopItems())}
 
 
 def get_kind(type_name: str) -> NodeKind:
