@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
-from pal import faults
+from pal import faults, retry
 from pal.errors import LeaseBusy, LeaseLost, Refused, RunNotFound, StorageError
 from pal.interpreter import Handoff
 from pal.nodes.base import Receipt, Usage
@@ -239,8 +239,10 @@ class Journal:
             if retries and retries[-1].get("wake_at"):
                 due = datetime.fromisoformat(retries[-1]["wake_at"])
                 if due > now:  # an early message (a re-drive): the backoff still holds
-                    return Claim(ClaimOutcome.BACKOFF, run, attempt,
-                                 wait_s=(due - now).total_seconds())
+                    wait_s = (due - now).total_seconds()
+                    hold, _ = retry.backoff_lease(wait_s, lease_ttl)
+                    self._fence(conn, run_id, generation, worker_id, now, hold)
+                    return Claim(ClaimOutcome.BACKOFF, run, attempt, wait_s=wait_s)
             started = self._append(conn, run_id, step_id, attempt, "step_started",
                                    {"attempt": attempt, "worker": worker_id}, generation, now,
                                    on_conflict_skip=True)
@@ -426,12 +428,14 @@ class Journal:
     ) -> bool:
         """Journal `step_retrying {attempt, of, error, wake_at}`; False when fenced out.
 
-        The lease is extended past the wake-up time, so the sweep does not re-drive a run that
-        is only waiting out its backoff; a re-drive that comes anyway finds the wake-up time in
-        the journal and waits (ClaimOutcome.BACKOFF)."""
+        A short backoff extends the lease past the wake-up time, so the sweep leaves the run
+        alone while a countdown message waits; a long one lets the lease lapse at the wake-up
+        time, and the sweep re-drives the step then (pal.retry.backoff_lease). A re-drive that
+        comes early finds the wake-up time in the journal and waits (ClaimOutcome.BACKOFF)."""
         wake_at = now + timedelta(seconds=backoff_s)
+        hold, _ = retry.backoff_lease(backoff_s, lease_ttl)
         with self._tx() as conn:
-            if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl + backoff_s):
+            if not self._fence(conn, run_id, generation, worker_id, now, hold):
                 return False
             self._append(conn, run_id, step_id, attempt, "step_retrying",
                          {"attempt": attempt, "of": of, "error": dict(error),

@@ -88,16 +88,16 @@ class LlmProgram:
             if not calls:
                 text = completed[current].get("text", "")
                 return Handoff(dispatch=(), finished=True, output={"text": text, "turns": turn})
-            waiting = tuple(tool_step_id(turn, i) for i in range(len(calls))
-                            if tool_step_id(turn, i) not in completed)
-            if waiting:
-                return Handoff(dispatch=waiting, finished=False)
-            if turn >= self.max_turns:
+            if turn >= self.max_turns:  # no turn would read these tools' results: do not run them
                 error = TurnLimitReached(
                     f"the model still asked for tools after {turn} turn(s) (maxTurns {self.max_turns})")
                 return Handoff(dispatch=(), finished=True,
                                error={"type": type(error).__name__, "code": error.code,
                                       "message": str(error)})
+            waiting = tuple(tool_step_id(turn, i) for i in range(len(calls))
+                            if tool_step_id(turn, i) not in completed)
+            if waiting:
+                return Handoff(dispatch=waiting, finished=False)
             turn += 1
 
     def handoff(self, completed: Mapping[str, Any], step_id: str) -> Handoff:

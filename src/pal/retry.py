@@ -94,3 +94,16 @@ def decide(policy: RetryPolicy, attempt: int, failure_class: str) -> RetryDecisi
                                            f"(retryableClasses: {', '.join(policy.retryable_classes)})")
     return RetryDecision(True, next_attempt=attempt + 1, backoff_s=policy.backoff_ms / 1000.0,
                          reason=f"attempt {attempt} of {policy.max_attempts} failed ({failure_class})")
+
+
+# A backoff up to this long is a Celery countdown (held by a worker's timer); a longer one lives
+# in Postgres only: the lease is set to lapse at the wake-up time and the sweep re-drives the step
+# then (DESIGN: ETA messages are redelivered badly, and Redis's visibility timeout is an hour).
+COUNTDOWN_LIMIT_S = 10.0
+
+
+def backoff_lease(wake_in_s: float, lease_ttl: float) -> tuple[float, bool]:
+    """(seconds the lease must last from now, whether to publish a countdown message)."""
+    if wake_in_s <= COUNTDOWN_LIMIT_S:
+        return wake_in_s + lease_ttl, True
+    return wake_in_s, False

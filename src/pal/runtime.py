@@ -68,8 +68,9 @@ class Runtime:
                      "anthropic": self.settings.anthropic_base_url}
         return get_provider(name, base_urls=base_urls, timeout=self.settings.provider_timeout)
 
-    def price(self, model: str, input_tokens: int, output_tokens: int) -> Decimal | None:
-        return cost(self._prices, model, input_tokens, output_tokens)
+    def price(self, model: str, input_tokens: int, output_tokens: int,
+              answered_model: str | None = None) -> Decimal | None:
+        return cost(self._prices, model, input_tokens, output_tokens, answered_model)
 
     def setting(self, name: str) -> Any:
         return getattr(self.settings, name)

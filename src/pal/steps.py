@@ -112,8 +112,10 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
     claim = journal.claim_step(run_id=run_id, step_id=step_id, generation=generation,
                                worker_id=worker_id, now=utcnow(), lease_ttl=settings.lease_ttl)
     if claim.outcome is ClaimOutcome.BACKOFF:
-        # A re-drive reached a step that is waiting out its backoff: ring again when it is due.
-        rt.publish(run_id, step_id, generation, countdown=claim.wait_s)
+        # A re-drive reached a step that is waiting out its backoff: ring again when it is due
+        # (a long wait is left to the sweep, at the lease's end).
+        if retry.backoff_lease(claim.wait_s, settings.lease_ttl)[1]:
+            rt.publish(run_id, step_id, generation, countdown=claim.wait_s)
         return StepResult(claim.outcome.value)
     if claim.outcome is not ClaimOutcome.RUN or claim.run is None:
         log.info("run %s step %s gen %d: %s, nothing to do", run_id, step_id, generation,
@@ -211,7 +213,8 @@ def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: in
         faults.point("after_retry_commit", step_id)
         log.info("run %s step %s: %s; attempt %d in %.3gs", run_id, step_id, decision.reason,
                  decision.next_attempt, decision.backoff_s)
-        rt.publish(run_id, step_id, generation, countdown=decision.backoff_s)
+        if retry.backoff_lease(decision.backoff_s, settings.lease_ttl)[1]:
+            rt.publish(run_id, step_id, generation, countdown=decision.backoff_s)
         return StepResult("retrying", (step_id,))
     if policy.max_attempts > 1:
         error["retry"] = decision.reason

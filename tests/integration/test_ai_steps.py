@@ -165,3 +165,23 @@ def test_unknown_tool_from_the_model_is_reported_back_to_it(llm_client: Client, 
     assert llm_client.wait(run_id, timeout=60).status == "succeeded"
     tool = next(e for e in llm_client.events(run_id) if e.step_id == "turn-1.tool-0" and e.kind == "step_completed")
     assert "unknown tool 'rm_rf'" in tool.payload["output"]["error"]
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_temperature_and_max_tokens_reach_the_provider(
+        llm_client: Client, llm_worker: None, model_server: FakeModelServer, provider: str) -> None:
+    graph = ask(provider)
+    graph["nodes"][1]["data"] |= {"temperature": 0.3, "maxTokens": 77}
+    assert llm_client.wait(llm_client.start_run(graph, {"text": "x"}), timeout=60).status == "succeeded"
+    body = model_server.requests[0].body
+    assert body["temperature"] == 0.3
+    assert body.get("max_completion_tokens", body.get("max_tokens")) == 77
+
+
+def test_bad_tool_arguments_from_the_model_are_reported_back_to_it(llm_client: Client, llm_worker: None) -> None:
+    spec = {"kind": "llm", "prompt": "go", "tools": ["flaky"],
+            "script": [{"tool_calls": [{"name": "flaky", "arguments": {"nonsense": 1}}]}, {"text": "sorry"}]}
+    run_id = llm_client.start_run(spec, {})
+    assert llm_client.wait(run_id, timeout=60).status == "succeeded"
+    tool = next(e for e in llm_client.events(run_id) if e.step_id == "turn-1.tool-0" and e.kind == "step_completed")
+    assert "bad arguments for 'flaky'" in tool.payload["output"]["error"]

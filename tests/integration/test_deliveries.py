@@ -126,12 +126,12 @@ def test_an_idempotent_receiver_gets_the_unconfirmed_delivery_again_with_the_sam
 
 def test_a_refused_webhook_is_a_connector_failure_retried_with_a_new_attempt(
         client: Client, worker: None) -> None:
-    with WebhookReceiver(status=503) as refusing:
+    with WebhookReceiver(status=422) as refusing:
         run_id = client.start_run(
             webhook(refusing.url, retry={"maxAttempts": 2, "retryableClasses": ["connector"]}), {"ticket": "T-6"})
         run = client.wait(run_id, timeout=60)
         assert run.status == "failed"
-        assert run.error["code"] == "delivery_failed" and "HTTP 503" in run.error["message"]
+        assert run.error["code"] == "delivery_failed" and "HTTP 422" in run.error["message"]
         assert refusing.idempotency_keys() == [idempotency_key(run_id, "notify", 1),
                                                idempotency_key(run_id, "notify", 2)]
     assert [r["status"] for r in client.runtime.journal.receipts(run_id)] == ["failed", "failed"]
@@ -170,3 +170,28 @@ def test_bad_email_address_fails_the_step_clearly(mail_client: Client, smtp: Smt
     run = mail_client.get_run(run_id)
     assert run.status == "failed" and "not e-mail addresses" in run.error["message"]
     assert smtp.messages == []
+
+
+def test_a_5xx_leaves_the_outcome_unknown_and_is_never_retried(client: Client) -> None:
+    """The receiver may have done the work before answering 503: in doubt, whatever the policy."""
+    sent = capture(client)
+    with WebhookReceiver(status=503) as flaky_receiver:
+        run_id = client.start_run(webhook(flaky_receiver.url, retry={"maxAttempts": 3}), {"ticket": "T-10"})
+        drain(client, sent)
+        assert len(flaky_receiver.requests) == 1
+    run = client.get_run(run_id)
+    assert run.status == "failed" and run.error["code"] == "delivery_in_doubt"
+    assert "HTTP 503" in run.error["message"]
+    assert [e.kind for e in client.events(run_id) if e.step_id == "notify"] == [
+        "step_started", "step_in_doubt", "step_failed"]
+
+
+def test_an_idempotent_receiver_gets_the_same_key_again_when_the_answer_is_lost(client: Client) -> None:
+    sent = capture(client)
+    with WebhookReceiver(status=503) as flaky_receiver:
+        run_id = client.start_run(webhook(flaky_receiver.url, idempotent=True, retry={"maxAttempts": 3}),
+                                  {"ticket": "T-11"})
+        drain(client, sent)
+        keys = flaky_receiver.idempotency_keys()
+    assert len(keys) == 4 and set(keys) == {idempotency_key(run_id, "notify", 1)}  # never a new key
+    assert client.get_run(run_id).error["code"] == "delivery_in_doubt"

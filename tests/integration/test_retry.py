@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from pal.client import Client
-from pal.steps import execute_step
+from pal.recovery import sweep
+from pal.steps import execute_step, utcnow
 from tests.support.graphs import flaky
 from tests.support.tools import calls
 
@@ -62,17 +63,42 @@ def test_attempts_run_out(client: Client, worker: None, counter: Path) -> None:
     assert calls(counter) == ["f", "f"]
 
 
-def test_an_early_message_during_the_backoff_is_put_back_not_run(client: Client, counter: Path) -> None:
+def test_an_early_message_during_a_short_backoff_is_put_back_not_run(client: Client, counter: Path) -> None:
     """A re-drive (or a duplicate) reaching a step that waits out its backoff must not start the
     next attempt early: the claim sees the wake-up time and the message is re-published later."""
     sent: list[tuple[str, str, int, float]] = []
     client.runtime.publish = lambda r, s, g, countdown=0.0: sent.append((r, s, g, countdown))
-    run_id = client.start_run(flaky(counter, 1, {"maxAttempts": 2, "backoffMs": 60_000}), {})
+    run_id = client.start_run(flaky(counter, 1, {"maxAttempts": 2, "backoffMs": 8000}), {})
     execute_step(client.runtime, *sent.pop(0)[:3])  # trigger
     assert execute_step(client.runtime, *sent.pop(0)[:3]).outcome == "retrying"
     run, step, generation, countdown = sent.pop(0)
-    assert step == "f" and 59 < countdown <= 60
+    assert step == "f" and 7 < countdown <= 8
     assert execute_step(client.runtime, run, step, generation).outcome == "backoff"
-    assert sent[-1][1] == "f" and 0 < sent[-1][3] <= 60
+    assert sent[-1][1] == "f" and 0 < sent[-1][3] <= 8
+    lease = client.runtime.journal.get_lease(run_id)
+    assert lease is not None and (lease.expires_at - utcnow()).total_seconds() > 8  # past the wake-up
     assert calls(counter) == ["f"]
     assert [k for k, _ in kinds(client, run_id)].count("step_started") == 1
+
+
+def test_a_long_backoff_waits_in_the_journal_and_the_sweep_wakes_it(client: Client, counter: Path) -> None:
+    """No Celery countdown for a long backoff: the lease lapses at the wake-up time and the sweep
+    re-drives the step then, at the next attempt."""
+    sent: list[tuple[str, str, int, float]] = []
+    client.runtime.publish = lambda r, s, g, countdown=0.0: sent.append((r, s, g, countdown))
+    run_id = client.start_run(flaky(counter, 1, {"maxAttempts": 2, "backoffMs": 120_000}), {})
+    execute_step(client.runtime, *sent.pop(0)[:3])
+    assert execute_step(client.runtime, *sent.pop(0)[:3]).outcome == "retrying"
+    assert sent == []  # nothing waits in the broker
+    wake_at = datetime.fromisoformat(next(e.payload["wake_at"] for e in client.events(run_id)
+                                          if e.kind == "step_retrying"))
+    lease = client.runtime.journal.get_lease(run_id)
+    assert lease is not None and abs((lease.expires_at - wake_at).total_seconds()) < 0.01
+    assert sweep(client.runtime, now=wake_at - timedelta(seconds=1)).recovered == {}
+    report = sweep(client.runtime, now=wake_at + timedelta(seconds=1))
+    assert report.recovered[run_id].resumed_steps == ("f",)
+    [(_, step, generation, _)] = sent
+    assert (step, generation) == ("f", 2)
+    # The wake-up time is in the journal: delivered before it (the real clock), the step still waits.
+    assert execute_step(client.runtime, run_id, step, generation).outcome == "backoff"
+    assert calls(counter) == ["f"]

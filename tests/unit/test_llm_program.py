@@ -47,12 +47,11 @@ def test_a_turn_without_tool_calls_finishes_the_run_with_its_text() -> None:
     assert program.redrive_steps(done) == ()
 
 
-def test_the_turn_limit_fails_the_run_with_a_code() -> None:
+def test_the_turn_limit_fails_the_run_before_running_the_last_turns_tools() -> None:
     program = parse_llm_spec(SPEC | {"maxTurns": 1}, known_tools=None)
-    done = {"turn-1": turn(calls=1), "turn-1.tool-0": 1}
-    decision = program.handoff(done, "turn-1.tool-0")
-    assert decision.finished and decision.error is not None
-    assert decision.error["code"] == "turn_limit_reached"
+    decision = program.handoff({"turn-1": turn(calls=2)}, "turn-1")
+    assert decision.finished and decision.dispatch == ()  # no turn would read their results
+    assert decision.error is not None and decision.error["code"] == "turn_limit_reached"
 
 
 def test_unknown_steps_are_not_part_of_the_plan() -> None:

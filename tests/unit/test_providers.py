@@ -37,6 +37,10 @@ def test_prices_are_per_million_tokens_and_overridable(tmp_path: object) -> None
     assert cost(prices, "my-model", 1_000_000, 500_000) == Decimal(4)
     assert cost(prices, "gpt-4o-mini", 1000, 1000) == Decimal("0.00075")
     assert cost(prices, "unknown-model", 10, 10) is None
+    # Providers answer with dated snapshots; the price is the model's.
+    assert cost(prices, "gpt-4o-mini-2024-07-18", 1000, 1000) == Decimal("0.00075")
+    assert cost(prices, "claude-haiku-4-5-20251001", 1_000_000, 0) == Decimal(1)
+    assert cost(prices, "my-alias", 1_000_000, 0, answered_model="my-model") == Decimal(2)
 
 
 @pytest.mark.parametrize(("raw", "fragment"), [

@@ -23,11 +23,14 @@ def call_model(ctx: StepContext, provider_name: str, request: ModelRequest) -> N
     """Call the model for this step attempt and price the answer (shared by plain-LLM turns)."""
     services = ctx.need_services()
     response = services.provider(provider_name).complete(request, ctx.idempotency_key)
-    return priced_result(ctx, provider_name, response)
+    return priced_result(ctx, provider_name, request.model, response)
 
 
-def priced_result(ctx: StepContext, provider_name: str, response: ModelResponse) -> NodeResult:
-    price = ctx.need_services().price(response.model, response.input_tokens, response.output_tokens)
+def priced_result(ctx: StepContext, provider_name: str, asked_model: str,
+                  response: ModelResponse) -> NodeResult:
+    # Priced by the model asked for: providers answer with dated snapshot names.
+    price = ctx.need_services().price(asked_model, response.input_tokens, response.output_tokens,
+                                      response.model)
     usage = Usage(response.input_tokens, response.output_tokens, price or Decimal(0))
     output: dict[str, Any] = {
         "text": response.text,

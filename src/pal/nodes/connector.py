@@ -1,9 +1,10 @@
 """`connector`: an HTTP webhook delivery (httpx), claimed in side_effect_receipts before sending.
 
-The request carries the step attempt's `Idempotency-Key`. A 2xx answer is a delivery; any other
-status or a refused connection is a definite failure (retry class `connector`); a timeout leaves
-the outcome unknown. `idempotentReceiver: true` declares that the receiver de-duplicates by the
-key, which lets PAL re-send an unconfirmed delivery instead of failing it as in doubt.
+The request carries the step attempt's `Idempotency-Key`. A 2xx answer is a delivery; a 4xx answer
+or a refused connection is a definite failure (retry class `connector`); a timeout, a dropped
+connection or a 5xx leaves the outcome unknown (in doubt). `idempotentReceiver: true` declares
+that the receiver de-duplicates by the key, which lets PAL re-send an unconfirmed delivery with the
+same key instead of failing it as in doubt.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from pal.errors import DeliveryError, DeliveryTimeout
+from pal.errors import DeliveryError, DeliveryOutcomeUnknown, DeliveryTimeout
 from pal.nodes.base import ANY, Field, NodeKind, StepContext
 from pal.nodes.delivery import deliver
 
@@ -56,12 +57,17 @@ class Connector(NodeKind):
         def send() -> dict[str, Any]:
             try:
                 reply = httpx.request(method, url, json=body, headers=headers, timeout=timeout)
+            except httpx.ConnectError as exc:  # nothing reached the receiver
+                raise DeliveryError(f"webhook {method} {url}: cannot connect: {exc}") from exc
             except httpx.TimeoutException as exc:
                 raise DeliveryTimeout(f"webhook {method} {url}: timed out after {timeout:g}s") from exc
-            except httpx.TransportError as exc:
-                raise DeliveryError(f"webhook {method} {url}: {type(exc).__name__}: {exc}") from exc
-            if not reply.is_success:
+            except httpx.TransportError as exc:  # e.g. the connection dropped after the request
+                raise DeliveryOutcomeUnknown(f"webhook {method} {url}: {type(exc).__name__}: {exc}") from exc
+            if 400 <= reply.status_code < 500:  # the receiver answered: not accepted
                 raise DeliveryError(f"webhook {method} {url}: HTTP {reply.status_code}: {reply.text[:500]}")
+            if not reply.is_success:  # a 5xx (or a proxy's) may come after the work was done
+                raise DeliveryOutcomeUnknown(
+                    f"webhook {method} {url}: HTTP {reply.status_code}: {reply.text[:500]}")
             return {"status": reply.status_code, "body": _body(reply)}
 
         return deliver(ctx, "webhook", f"{method} {url}", bool(data.get("idempotentReceiver")), send)

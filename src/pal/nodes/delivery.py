@@ -8,21 +8,31 @@ attempt's idempotency key). Then:
   claimed, unsettled   in doubt: the send may have happened. If the receiver honours idempotency
                        keys, send again with the same key; otherwise journal it as in doubt and
                        fail the step with code `delivery_in_doubt` rather than risk a second delivery.
+The same holds within one invocation when a send breaks off with its outcome unknown.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from pal import faults
 from pal.errors import DeliveryError, DeliveryInDoubt
 from pal.nodes.base import StepContext
 
+RESEND_PAUSES_S = (0.2, 0.5, 1.0)  # an idempotent receiver whose answer was lost: same key again
+
 
 def deliver(ctx: StepContext, effect_kind: str, target: str, idempotent_receiver: bool,
             send: Callable[[], Any]) -> Any:
-    """Run `send` at most once per attempt (or again with the same key for idempotent receivers)."""
+    """Run `send` at most once per attempt (or again with the same key for idempotent receivers).
+
+    Only a failure that proves nothing was delivered (refused connection, a 4xx answer, refused
+    recipients) settles the receipt `failed` and may be retried, as a new attempt with a new key.
+    Any other failure once the send has begun (a timeout, a dropped connection, a 5xx, a journal
+    error while settling) leaves the outcome unknown: an idempotent receiver gets the same key
+    again, a few times, within this attempt; otherwise the step fails in doubt, never retried."""
     receipts = ctx.need_receipts()
     receipt = receipts.claim(effect_kind, target)
     if receipt.status == "delivered":
@@ -30,28 +40,42 @@ def deliver(ctx: StepContext, effect_kind: str, target: str, idempotent_receiver
     if receipt.status == "failed":
         raise DeliveryError(f"{effect_kind} to {target} failed earlier: {receipt.response}")
     if not receipt.new and not idempotent_receiver:
-        receipts.in_doubt({"idempotency_key": ctx.idempotency_key, "effect_kind": effect_kind,
-                           "target": target})
-        raise DeliveryInDoubt(
-            f"{effect_kind} to {target} was claimed (key {ctx.idempotency_key[:12]}…) but never "
-            "confirmed: it may have been delivered, and the receiver does not declare that it "
-            "honours idempotency keys, so PAL will not send it again. Check the receiver, then "
-            "re-run the step by hand if it was not delivered."
-        )
+        _in_doubt(ctx, effect_kind, target, "claimed but never confirmed (the worker stopped mid-delivery)")
     faults.point("after_receipt_claim", ctx.step_id)
-    try:
-        response = send()
-    except DeliveryError as exc:
-        if exc.definitely_not_sent:
-            receipts.settle("failed", {"error": str(exc)})
-            raise
-        if idempotent_receiver:
-            raise  # the receipt stays claimed; a re-drive of this attempt re-sends with the key
-        receipts.in_doubt({"idempotency_key": ctx.idempotency_key, "effect_kind": effect_kind,
-                           "target": target, "error": str(exc)})
-        raise DeliveryInDoubt(f"{effect_kind} to {target}: outcome unknown ({exc}); the receiver "
-                              "does not declare that it honours idempotency keys, so PAL will "
-                              "not send it again") from exc
-    faults.point("after_delivery", ctx.step_id)
-    receipts.settle("delivered", response)
-    return {"delivered": True, "replayed": False, "response": response}
+    attempts = 1 + (len(RESEND_PAUSES_S) if idempotent_receiver else 0)
+    last: BaseException | None = None
+    for round_ in range(attempts):
+        if round_:
+            time.sleep(RESEND_PAUSES_S[round_ - 1])
+        try:
+            response = send()
+        except DeliveryError as exc:
+            if exc.definitely_not_sent:
+                receipts.settle("failed", {"error": str(exc)})
+                raise
+            last = exc
+            continue
+        except Exception as exc:  # anything else after the send began: the outcome is unknown
+            last = exc
+            continue
+        faults.point("after_delivery", ctx.step_id)
+        try:
+            receipts.settle("delivered", response)
+        except Exception as exc:  # delivered, but not recorded: a retry must not send again
+            _in_doubt(ctx, effect_kind, target, f"delivered, but its receipt could not be settled: {exc}",
+                      record=False)
+        return {"delivered": True, "replayed": False, "response": response}
+    _in_doubt(ctx, effect_kind, target, f"outcome unknown: {type(last).__name__}: {last}")
+    raise AssertionError("unreachable")  # _in_doubt raises
+
+
+def _in_doubt(ctx: StepContext, effect_kind: str, target: str, why: str, *, record: bool = True) -> NoReturn:
+    """Journal `step_in_doubt` (when the journal can take it) and fail the step, not retryable."""
+    if record:
+        ctx.need_receipts().in_doubt({"idempotency_key": ctx.idempotency_key, "effect_kind": effect_kind,
+                                      "target": target, "why": why})
+    raise DeliveryInDoubt(
+        f"{effect_kind} to {target} is in doubt (key {ctx.idempotency_key[:12]}…): {why}. It may have "
+        "been delivered, and PAL will not send it again: check the receiver, and start the work "
+        "again by hand if it did not arrive. (Declare idempotentReceiver: true for a receiver that "
+        "de-duplicates by Idempotency-Key, and PAL re-sends with the same key instead.)")

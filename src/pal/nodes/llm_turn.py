@@ -7,6 +7,7 @@ tool result in the journal and the provider sees each turn's call once per attem
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -67,4 +68,9 @@ class LlmTool(NodeKind):
             return {"error": f"unknown tool {name!r}; available: {', '.join(data.get('tools', []))}"}
         if not isinstance(arguments, Mapping):
             return {"error": f"arguments of {name!r} must be an object"}
-        return get_tool(name)(**arguments)
+        function = get_tool(name)
+        try:
+            inspect.signature(function).bind(**arguments)
+        except TypeError as exc:  # wrong argument names: the model's to fix, like an unknown tool
+            return {"error": f"bad arguments for {name!r}: {exc}"}
+        return function(**arguments)

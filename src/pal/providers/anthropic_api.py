@@ -50,7 +50,8 @@ class AnthropicProvider(Provider):
         if request.system:
             kwargs["system"] = request.system
         if request.temperature is not None:
-            kwargs["temperature"] = request.temperature
+            # This SDK release has no `temperature` argument; the API takes it in the body.
+            kwargs["extra_body"] = {"temperature": request.temperature}
         if request.tools:
             kwargs["tools"] = [{"name": t.name, "description": t.description,
                                 "input_schema": t.parameters} for t in request.tools]

@@ -40,8 +40,10 @@ class OpenAIProvider(Provider):
                                      max_retries=0)
 
     def complete(self, request: ModelRequest, idempotency_key: str) -> ModelResponse:
+        # max_completion_tokens: the name every current chat model accepts (reasoning models
+        # refuse the older max_tokens).
         kwargs: dict[str, Any] = {"model": request.model, "messages": _messages(request),
-                                  "max_tokens": request.max_tokens}
+                                  "max_completion_tokens": request.max_tokens}
         if request.temperature is not None:
             kwargs["temperature"] = request.temperature
         if request.tools:
@@ -54,10 +56,13 @@ class OpenAIProvider(Provider):
         except openai.APIError as exc:
             raise ProviderError(f"openai: {type(exc).__name__}: {exc}") from exc
         choice = reply.choices[0]
-        calls = tuple(
-            {"id": c.id, "name": c.function.name, "arguments": json.loads(c.function.arguments or "{}")}
-            for c in (choice.message.tool_calls or []) if getattr(c, "function", None) is not None
-        )
+        try:
+            calls = tuple(
+                {"id": c.id, "name": c.function.name, "arguments": json.loads(c.function.arguments or "{}")}
+                for c in (choice.message.tool_calls or []) if getattr(c, "function", None) is not None
+            )
+        except json.JSONDecodeError as exc:
+            raise ProviderError(f"openai: a tool call's arguments are not JSON: {exc}") from exc
         usage = reply.usage
         return ModelResponse(
             text=choice.message.content or "", model=reply.model or request.model,

@@ -8,6 +8,7 @@ the step's output (`priced: false`), so a missing price is visible rather than s
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
@@ -58,10 +59,23 @@ def _read(path: str) -> str:
         raise ConfigError(f"PAL_PRICES={path!r}: cannot read it: {exc}") from exc
 
 
+_SNAPSHOT = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8})$")
+
+
+def price_of(prices: Mapping[str, tuple[Decimal, Decimal]], *models: str) -> tuple[Decimal, Decimal] | None:
+    """The first price found for `models` (the name asked for, then the one answered): exact, then
+    without a dated snapshot suffix (gpt-4o-mini-2024-07-18, claude-haiku-4-5-20251001)."""
+    for model in models:
+        entry = prices.get(model) or prices.get(_SNAPSHOT.sub("", model))
+        if entry is not None:
+            return entry
+    return None
+
+
 def cost(prices: Mapping[str, tuple[Decimal, Decimal]], model: str, input_tokens: int,
-         output_tokens: int) -> Decimal | None:
+         output_tokens: int, answered_model: str | None = None) -> Decimal | None:
     """Dollars for one call, or None when the model has no price."""
-    entry = prices.get(model)
+    entry = price_of(prices, model, *([answered_model] if answered_model else []))
     if entry is None:
         return None
     return (entry[0] * input_tokens + entry[1] * output_tokens) / PER_MILLION
