@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 the run failed or was cancelled; 2 invalid input (graph, JSON, option);
 3 no such run; 4 the journal database failed; 5 timed out waiting; 6 refused (e.g. resuming a run
-whose lease is live, or a finished run).
+with a step running under a live lease, approving a step that is not waiting, cancelling a finished
+run).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from pal.config import Settings, load_settings
-from pal.errors import ConfigError, GraphError, InputError, PalError, RunNotFound, StorageError
+from pal.errors import ConfigError, GraphError, InputError, PalError, Refused, RunNotFound, StorageError
 from pal.graph import load_graph_text
 
 EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_NOT_FOUND, EXIT_STORAGE, EXIT_TIMEOUT, EXIT_REFUSED = 1, 2, 3, 4, 5, 6
@@ -47,6 +48,8 @@ def _exit_code(exc: PalError) -> int:
         return EXIT_NOT_FOUND
     if isinstance(exc, StorageError):
         return EXIT_STORAGE
+    if isinstance(exc, Refused):
+        return EXIT_REFUSED
     return 1
 
 
@@ -224,6 +227,86 @@ def runs_resume(run_id: str) -> None:
         _fail(str(exc), _exit_code(exc))
     steps = ", ".join(recovery.resumed_steps) or "none (nothing left to run)"
     typer.echo(f"run {run_id} re-driven at generation {recovery.generation}; resumed steps: {steps}")
+
+
+def _decide(run_id: str, step_id: str, decision: str, comment: str | None, by: str | None,
+            expected_hash: str | None) -> None:
+    from pal.errors import Refused
+
+    client = _client()
+    try:
+        outcome = client.decide(run_id, step_id, decision, comment=comment, by=by,
+                                expected_hash=expected_hash)
+    except Refused as exc:
+        _fail(str(exc), EXIT_REFUSED)
+    except PalError as exc:
+        _fail(str(exc), _exit_code(exc))
+    after = "the run finished" if outcome.finished else (
+        f"dispatched: {', '.join(outcome.dispatch)}" if outcome.dispatch else "the run waits for more")
+    typer.echo(f"run {run_id} step {step_id}: {decision}; {after}")
+
+
+_COMMENT = typer.Option("--comment", "-m", help="Why; journaled with the decision.")
+_BY = typer.Option("--by", help="Who decides (default: $USER).")
+_HASH = typer.Option("--hash", help="Refuse unless the pending approval's hash is this (what you reviewed).")
+
+
+@runs_app.command("approve")
+def runs_approve(run_id: str, step_id: str,
+                 comment: Annotated[str | None, _COMMENT] = None,
+                 by: Annotated[str | None, _BY] = None,
+                 expected_hash: Annotated[str | None, _HASH] = None) -> None:
+    """Approve a waiting approval step; the run continues on its `approved` branch."""
+    _decide(run_id, step_id, "approved", comment, by, expected_hash)
+
+
+@runs_app.command("reject")
+def runs_reject(run_id: str, step_id: str,
+                comment: Annotated[str | None, _COMMENT] = None,
+                by: Annotated[str | None, _BY] = None,
+                expected_hash: Annotated[str | None, _HASH] = None) -> None:
+    """Reject a waiting approval step: the `rejected` branch, or the run fails without one."""
+    _decide(run_id, step_id, "rejected", comment, by, expected_hash)
+
+
+@runs_app.command("approvals")
+def runs_approvals(
+    run_id: str,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """List the run's pending approvals, including those of its child runs (nested)."""
+    try:
+        pending = _client().pending_approvals(run_id)
+    except PalError as exc:
+        _fail(str(exc), _exit_code(exc))
+    if as_json:
+        _print_json([p.as_dict() for p in pending])
+        return
+    if not pending:
+        typer.echo(f"no pending approvals under run {run_id}")
+    for p in pending:
+        where = "" if p.depth == 0 else f"  (child run, depth {p.depth})"
+        expires = f"  expires {p.expires_at}" if p.expires_at else ""
+        typer.echo(f"{p.run_id} {p.step_id}: {json.dumps(p.prompt)}  hash {p.approval_hash}"
+                   f"{expires}{where}")
+
+
+@runs_app.command("cancel")
+def runs_cancel(run_id: str,
+                reason: Annotated[str | None, typer.Option(help="Journaled with the cancellation.")] = None,
+                by: Annotated[str | None, _BY] = None) -> None:
+    """Cancel a run and its unfinished child runs at the next step boundary."""
+    from pal.errors import Refused
+
+    client = _client()
+    try:
+        cancelled = client.cancel(run_id, reason=reason, by=by)
+    except Refused as exc:
+        _fail(str(exc), EXIT_REFUSED)
+    except PalError as exc:
+        _fail(str(exc), _exit_code(exc))
+    children = len(cancelled) - 1
+    typer.echo(f"run {run_id} cancelled" + (f", with {children} child run(s)" if children > 0 else ""))
 
 
 @runs_app.command("stuck")

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pal.config import Settings, load_settings
 from pal.errors import PalError, StorageError
 from pal.journal import Event, RunRecord
 from pal.runs import start_run
 
+if TYPE_CHECKING:
+    from pal.interpreter import Handoff
+    from pal.waiting import PendingApproval
+
 
 class RunTimeout(PalError):
     """The run did not finish in time."""
+
+
+def _user() -> str:
+    return os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
 
 
 class Client:
@@ -68,6 +77,33 @@ class Client:
             if time.monotonic() > deadline:
                 raise RunTimeout(f"run {run_id} still {status} after {timeout:g}s")
             time.sleep(poll)
+
+    def decide(self, run_id: str, step_id: str, decision: str, *, comment: str | None = None,
+               by: str | None = None, expected_hash: str | None = None) -> Handoff:
+        """Approve (`approved`) or reject (`rejected`) a waiting approval; Refused otherwise."""
+        from pal.waiting import decide
+
+        return decide(self.runtime, run_id, step_id, decision, by=by or _user(), comment=comment,
+                      expected_hash=expected_hash)
+
+    def approve(self, run_id: str, step_id: str, **kwargs: Any) -> Handoff:
+        return self.decide(run_id, step_id, "approved", **kwargs)
+
+    def reject(self, run_id: str, step_id: str, **kwargs: Any) -> Handoff:
+        return self.decide(run_id, step_id, "rejected", **kwargs)
+
+    def pending_approvals(self, run_id: str) -> list[PendingApproval]:
+        """Undecided approvals of the run and of its child runs, parents first."""
+        from pal.waiting import pending_approvals
+
+        self.runtime.journal.get_run(run_id)  # RunNotFound for an unknown id
+        return pending_approvals(self.runtime, run_id)
+
+    def cancel(self, run_id: str, *, reason: str | None = None, by: str | None = None) -> list[str]:
+        """Cancel the run and its unfinished descendants; returns the ids cancelled."""
+        from pal.waiting import cancel
+
+        return cancel(self.runtime, run_id, by=by or _user(), reason=reason)
 
     def close(self) -> None:
         """Release the broker connection and the journal's pooled connections (the engine

@@ -641,11 +641,19 @@ class Journal:
             return self._completed(conn, run_id)
 
     def get_lease(self, run_id: str) -> Lease | None:
+        """The run's lease; None for a finished run and for a parked one (its lock row is only a
+        wake-up timer, see `wake_time`)."""
         with self._tx() as conn:
             row = conn.execute(
                 sa.select(run_locks).where(run_locks.c.run_id == run_id)
             ).mappings().first()
-        return Lease(**dict(row)) if row else None
+        return Lease(**dict(row)) if row and row["worker_id"] != PARKED else None
+
+    def wake_time(self, run_id: str) -> datetime | None:
+        """When the sweep next looks at a parked run; None when the run is not parked."""
+        with self._tx() as conn:
+            return conn.execute(sa.select(run_locks.c.expires_at).where(
+                run_locks.c.run_id == run_id, run_locks.c.worker_id == PARKED)).scalar()
 
     # --------------------------------------------------------------- helpers
 
@@ -690,8 +698,10 @@ class Journal:
                                                    journal_events.c.step_id == step_id)).scalars())
         if not kinds:
             return f"run {run_id} has no step {step_id!r} that ever ran"
-        if "approval_decided" in kinds or "step_completed" in kinds:
-            return f"step {step_id!r} of run {run_id} was already decided or completed"
+        if "approval_decided" in kinds:
+            return f"step {step_id!r} of run {run_id} was already decided"
+        if "step_completed" in kinds:
+            return f"step {step_id!r} of run {run_id} is not waiting: it already completed"
         return f"step {step_id!r} of run {run_id} is not waiting"
 
     def _park_if_idle(self, conn: sa.Connection, run_id: str, generation: int, now: datetime,
@@ -715,7 +725,17 @@ class Journal:
         conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status.in_(IN_FLIGHT_STATUSES))
                      .values(status="waiting"))
         self._upsert_lock(conn, run_id, PARKED, wake_at, generation + 1)
+        self._parent_due(conn, run_id, now)  # a parent may act on a paused child (onChildApproval)
         return True
+
+    def _parent_due(self, conn: sa.Connection, run_id: str, now: datetime) -> None:
+        """Make a parked parent due now: the sweep looks at it even if the wake-up call is lost."""
+        conn.execute(
+            run_locks.update()
+            .where(run_locks.c.run_id == sa.select(runs.c.parent_run_id).where(runs.c.id == run_id)
+                   .scalar_subquery(), run_locks.c.worker_id == PARKED)
+            .values(expires_at=now)
+        )
 
     def _upsert_lock(self, conn: sa.Connection, run_id: str, worker_id: str, expires_at: datetime,
                      generation: int) -> None:
@@ -755,13 +775,7 @@ class Journal:
         payload = {"output": output} if status == "succeeded" else {"error": error}
         self._append(conn, run_id, None, None, TERMINAL_EVENT[status], payload, generation, now)
         conn.execute(run_locks.delete().where(run_locks.c.run_id == run_id))
-        # A parked parent is due now: the sweep resumes it even if the wake-up message is lost.
-        conn.execute(
-            run_locks.update()
-            .where(run_locks.c.run_id == sa.select(runs.c.parent_run_id).where(runs.c.id == run_id)
-                   .scalar_subquery(), run_locks.c.worker_id == PARKED)
-            .values(expires_at=now)
-        )
+        self._parent_due(conn, run_id, now)
         faults.point("during_finish")
         return True
 

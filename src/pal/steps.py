@@ -185,6 +185,8 @@ def _park(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: i
     if park.payload.get("child_run_id"):
         # The child may already have finished before the park committed: look once now.
         _wake_parent(rt, run.id)
+    if parked:
+        _wake_parent(rt, run.parent_run_id)  # it may act on a paused child (onChildApproval: fail)
     log.info("run %s step %s waiting%s", run.id, step_id, "; run parked" if parked else "")
     return StepResult("waiting")
 

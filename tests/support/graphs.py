@@ -96,3 +96,47 @@ def email(*, idempotent: bool = False) -> dict[str, Any]:
     if idempotent:
         data["idempotentReceiver"] = True
     return single({"id": "notify", "type": "email", "data": data})
+
+
+def approval(path: Path, *, expires: str | None = None, rejected: bool = False,
+             timeout: bool = False) -> dict[str, Any]:
+    """start -> gate (approval) -[approved]-> pay (counted) -> out; optional rejected/timeout branches."""
+    gate: dict[str, Any] = {"prompt": "Refund {{ input.amount }} to {{ input.customer }}?",
+                            "show": {"amount": "{{ input.amount }}"}}
+    if expires:
+        gate["expiresIn"] = expires
+    nodes = [{"id": "start", "type": "trigger"}, {"id": "gate", "type": "approval", "data": gate},
+             counted("pay", path, "paid"),
+             {"id": "out", "type": "output", "data": {"value": "{{ nodes.pay.output.value }}"}}]
+    edges = [edge("start", "gate"), edge("gate", "pay", "approved"), edge("pay", "out")]
+    for branch, wanted in (("rejected", rejected), ("timeout", timeout)):
+        if wanted:
+            nodes.append(counted(f"on_{branch}", path, branch))
+            edges.append(edge("gate", f"on_{branch}", branch))
+    return {"nodes": nodes, "edges": edges}
+
+
+def parent_of(child: dict[str, Any], *, child_input: Any = None, on_child_approval: str | None = None,
+              step: str = "sub") -> dict[str, Any]:
+    """start -> sub (a subagent running `child`) -> out (the child's output)."""
+    data: dict[str, Any] = {"graph": child}
+    if child_input is not None:
+        data["input"] = child_input
+    if on_child_approval:
+        data["onChildApproval"] = on_child_approval
+    return single({"id": step, "type": "subagent", "data": data})
+
+
+def loop(path: Path, items: Any = "{{ input.items }}", max_iterations: int | None = None) -> dict[str, Any]:
+    """start -> each (loop; body: work counted per item, then check) -> out (the collected list)."""
+    data: dict[str, Any] = {"body": {
+        "nodes": [{"id": "work", "type": "tool", "data": {"tool": "count", "args": {
+                      "path": str(path), "label": "item-{{ loop.index }}", "value": "{{ loop.item }}"}}},
+                  {"id": "check", "type": "tool", "data": {"tool": "echo", "args": {
+                      "index": "{{ loop.index }}", "got": "{{ nodes.work.output.value }}"}}}],
+        "edges": [edge("work", "check")]}}
+    if items is not None:
+        data["items"] = items
+    if max_iterations is not None:
+        data["maxIterations"] = max_iterations
+    return single({"id": "each", "type": "loop", "data": data})
