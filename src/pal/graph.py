@@ -331,13 +331,14 @@ def _check_loop_bodies(nodes: Mapping[str, Node], edges: list[Edge], known_tools
         if node.type == "loop" and "body" in node.data:
             outer = frozenset(_descendants(node.id, reversed_edges))
             try:
-                parse_body(node.data["body"], known_tools=known_tools, outer=outer)
+                parse_body(node.data["body"], known_tools=known_tools, outer=outer,
+                           outer_all=frozenset(nodes))
             except GraphError as exc:
                 problems.extend(f"node {node.id!r}: body: {p}" for p in exc.problems)
 
 
 def parse_body(document: Any, *, known_tools: frozenset[str] | None,
-               outer: frozenset[str] | None) -> Graph:
+               outer: frozenset[str] | None, outer_all: frozenset[str] = frozenset()) -> Graph:
     """A loop body: one node `{id, type, data}` or a sub-graph `{nodes, edges}` with no trigger.
     Its entry nodes are those without incoming edges. `outer` (the nodes that run before the
     loop) may be referenced from body templates; None skips the reference check (a stored,
@@ -352,7 +353,7 @@ def parse_body(document: Any, *, known_tools: frozenset[str] | None,
     edges = _parse_edges(document, nodes, problems)
     order = _topological_order(nodes, edges, problems)
     if order is not None and outer is not None:
-        _check_references(nodes, edges, problems, outer=outer)
+        _check_references(nodes, edges, problems, outer=outer, outer_all=outer_all)
     if problems or order is None:
         raise GraphError(problems, what="loop body")
     return Graph(nodes=nodes, edges=tuple(edges), trigger_id="", order=order)
@@ -383,7 +384,7 @@ def _descendants(start: str, edges: list[Edge]) -> set[str]:
 
 def _check_references(
     nodes: Mapping[str, Node], edges: list[Edge], problems: list[str],
-    outer: frozenset[str] = frozenset(),
+    outer: frozenset[str] = frozenset(), outer_all: frozenset[str] = frozenset(),
 ) -> None:
     """`{{ nodes.X... }}` must name a node upstream of the one that uses it (in a loop body:
     upstream in the body, or in `outer`, the nodes that run before the loop)."""
@@ -393,6 +394,10 @@ def _check_references(
         for path, text in template_strings(node.kind, node.data):
             for ref in _referenced_nodes(text):
                 if ref in outer and ref not in nodes:
+                    continue
+                if ref in outer_all and ref not in nodes:
+                    problems.append(f"node {node.id!r}: data.{path} refers to node {ref!r}, which does "
+                                    "not run before the loop")
                     continue
                 if ref not in nodes:
                     problems.append(
