@@ -25,8 +25,10 @@ app = typer.Typer(help="PAL: durable AI-agent graphs on Celery.", no_args_is_hel
                   pretty_exceptions_enable=False)
 db_app = typer.Typer(help="Journal database.", no_args_is_help=True)
 runs_app = typer.Typer(help="Inspect runs.", no_args_is_help=True)
+tokens_app = typer.Typer(help="Bearer tokens of the control plane (`pal api`).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(runs_app, name="runs")
+app.add_typer(tokens_app, name="tokens")
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -336,6 +338,58 @@ def runs_stuck(
         expired = (f"lease expired {row['lease_expired_for_s']}s ago (last holder {row['last_holder']})"
                    if row["last_holder"] else "no lease")
         typer.echo(f"{row['id']}  {row['status']}  {expired}")
+
+
+@tokens_app.command("create")
+def tokens_create(
+    tenant: Annotated[str, typer.Option(help="The tenant whose runs the token may see and start.")],
+    name: Annotated[str, typer.Option(help="A label, e.g. who or what uses it.")] = "default",
+) -> None:
+    """Create a token; its secret is printed once (only a hash is stored)."""
+    from pal.runs import RUN_ID
+    from pal.steps import utcnow
+
+    if not RUN_ID.fullmatch(tenant) or len(tenant) > 64:
+        _fail(f"tenant {tenant!r} is invalid: 1-64 letters, digits, _ . : - starting with a letter or digit",
+              EXIT_BAD_INPUT)
+    try:
+        token_id, secret = _client().runtime.journal.create_token(tenant_id=tenant, name=name[:128],
+                                                                  now=utcnow())
+    except PalError as exc:
+        _fail(str(exc), _exit_code(exc))
+    typer.echo(f"token {token_id} for tenant {tenant} (store the secret now; it is not shown again):")
+    typer.echo(secret)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(token_id: str) -> None:
+    """Revoke a token at once."""
+    from pal.steps import utcnow
+
+    if not _client().runtime.journal.revoke_token(token_id=token_id, now=utcnow()):
+        _fail(f"no live token {token_id!r}", EXIT_NOT_FOUND)
+    typer.echo(f"token {token_id} revoked")
+
+
+@tokens_app.command("list")
+def tokens_list() -> None:
+    """List tokens (never their secrets)."""
+    for row in _client().runtime.journal.list_tokens():
+        state = f"revoked {row['revoked_at']:%Y-%m-%d %H:%M}" if row["revoked_at"] else "live"
+        typer.echo(f"{row['id']}  tenant {row['tenant_id']}  {row['name']}  {state}")
+
+
+@app.command()
+def api(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
+) -> None:
+    """Serve the control plane: REST and SSE under /v1 (OpenAPI at /docs and /openapi.json)."""
+    import uvicorn
+
+    from pal.api import create_api
+
+    uvicorn.run(create_api(_settings()), host=host, port=port, log_level="info")
 
 
 @app.command()

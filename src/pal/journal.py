@@ -9,7 +9,9 @@ the terminal event once per run.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from pal.nodes.base import Receipt, Usage
 from pal.schema import (
     IN_FLIGHT_STATUSES,
     TERMINAL_STATUSES,
+    api_tokens,
     journal_events,
     run_locks,
     runs,
@@ -128,6 +131,10 @@ class Claim:
 class Recovery:
     generation: int
     resumed_steps: tuple[str, ...]
+
+
+def _token_hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -574,6 +581,38 @@ class Journal:
         closed = {(r.step_id, r.attempt) for r in rows if r.kind != "step_started"}
         return sorted({r.step_id for r in rows if r.kind == "step_started" and r.generation == generation
                        and (r.step_id, r.attempt) not in closed})
+
+    # ---------------------------------------------------------------- tokens
+
+    def create_token(self, *, tenant_id: str, name: str, now: datetime) -> tuple[str, str]:
+        """A new bearer token for `tenant_id`: (token id, the secret, shown once; only its
+        sha256 is stored)."""
+        token_id = secrets.token_hex(8)
+        secret = f"pal_{token_id}_{secrets.token_urlsafe(32)}"
+        with self._tx() as conn:
+            conn.execute(api_tokens.insert().values(
+                id=token_id, tenant_id=tenant_id, name=name, token_hash=_token_hash(secret),
+                created_at=now, revoked_at=None))
+        return token_id, secret
+
+    def token_tenant(self, secret: str) -> str | None:
+        """The tenant of a live token, None for an unknown or revoked one."""
+        with self._tx() as conn:
+            return conn.execute(sa.select(api_tokens.c.tenant_id).where(
+                api_tokens.c.token_hash == _token_hash(secret), api_tokens.c.revoked_at.is_(None))).scalar()
+
+    def revoke_token(self, *, token_id: str, now: datetime) -> bool:
+        with self._tx() as conn:
+            return conn.execute(api_tokens.update().where(api_tokens.c.id == token_id,
+                                                          api_tokens.c.revoked_at.is_(None))
+                                .values(revoked_at=now).returning(api_tokens.c.id)).first() is not None
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        with self._tx() as conn:
+            rows = conn.execute(sa.select(api_tokens.c.id, api_tokens.c.tenant_id, api_tokens.c.name,
+                                          api_tokens.c.created_at, api_tokens.c.revoked_at)
+                                .order_by(api_tokens.c.created_at)).mappings()
+            return [dict(r) for r in rows]
 
     # ------------------------------------------------------------------ reads
 

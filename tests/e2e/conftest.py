@@ -3,9 +3,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from pal.client import Client
+from pal.demo import wait_until
+from pal.steps import utcnow
 from tests.conftest import Backend
+from tests.support.api_server import Api, free_port
 from tests.support.processes import Processes
 
 
@@ -15,3 +20,28 @@ def processes(postgres_backend: Backend, tmp_path: Path) -> Iterator[Processes]:
     procs = Processes(postgres_backend, tmp_path)
     yield procs
     procs.stop_all()
+
+
+@pytest.fixture
+def api(processes: Processes, postgres_backend: Backend) -> Iterator[Api]:
+    """A `pal api` server and a `pal worker` on Postgres + Redis; tokens for tenants acme and globex."""
+    client = Client(postgres_backend.settings)
+    journal = client.runtime.journal
+    _, token = journal.create_token(tenant_id="acme", name="test", now=utcnow())
+    _, other = journal.create_token(tenant_id="globex", name="test", now=utcnow())
+    revoked_id, revoked = journal.create_token(tenant_id="acme", name="old", now=utcnow())
+    journal.revoke_token(token_id=revoked_id, now=utcnow())
+    port = free_port()
+    processes.start(["api", "--port", str(port)], "api.log")
+    processes.worker("w")
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(url + "/openapi.json", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    assert wait_until(up, timeout=60), (processes.folder / "api.log").read_text()
+    yield Api(url, token, other, revoked, client, processes.env())
+    client.close()

@@ -231,3 +231,48 @@ def test_cancel_stops_a_run_and_every_descendant_once(client: Client, worker: No
     with pytest.raises(Refused):
         client.approve(run_id, "gate")
     assert Counter(e.kind for e in client.events(run_id))["run_cancelled"] == 1
+
+
+def test_cancel_with_a_running_child_a_waiting_approval_and_a_queued_step(client: Client, counter: Path) -> None:
+    """Message by message, so that each descendant is caught in the state the test names."""
+    sent: list[tuple[str, str, int]] = []
+    client.runtime.publish = lambda r, s, g, countdown=0.0: sent.append((r, s, g))
+    journal = client.runtime.journal
+    child = single({"id": "work", "type": "tool", "data": {"tool": "count", "args": {"path": str(counter),
+                                                                                    "label": "child"}}})
+    graph = {"nodes": [{"id": "start", "type": "trigger"},
+                       {"id": "sub", "type": "subagent", "data": {"graph": child}},
+                       {"id": "gate", "type": "approval", "data": {"prompt": "go?"}},
+                       {"id": "later", "type": "tool", "data": {"tool": "count", "args": {
+                           "path": str(counter), "label": "later"}}}],
+             "edges": [{"source": "start", "target": "sub"}, {"source": "start", "target": "gate"},
+                       {"source": "start", "target": "later"}]}
+    run_id = client.start_run(graph, {})
+    execute_step(client.runtime, *sent.pop(0))  # trigger: sub, gate and later are dispatched
+    by_step = {m[1]: m for m in sent}
+    sent.clear()
+    assert execute_step(client.runtime, *by_step["gate"]).outcome == "waiting"
+    assert execute_step(client.runtime, *by_step["sub"]).outcome == "waiting"
+    [kid] = journal.children(run_id)
+    execute_step(client.runtime, *sent.pop(0))  # the child's trigger
+    child_work = sent.pop(0)
+    running = journal.claim_step(run_id=kid.id, step_id="work", generation=child_work[2], worker_id="busy",
+                                 now=utcnow(), lease_ttl=30)
+    assert running.outcome.value == "run"  # the child's step is running; `later` is still queued
+    cancelled = client.cancel(run_id, reason="stop", by="ada")
+    assert sorted(cancelled) == sorted([run_id, kid.id])
+    # The queued step and the child's running step hit the cancellation at their next boundary.
+    assert execute_step(client.runtime, *by_step["later"]).outcome == "terminal"
+    assert execute_step(client.runtime, *child_work).outcome == "terminal"
+    from pal.errors import LeaseLost
+
+    with pytest.raises(LeaseLost):
+        journal.complete_step(run_id=kid.id, step_id="work", attempt=1, generation=child_work[2], output=1,
+                              worker_id="busy", now=utcnow(), lease_ttl=30,
+                              plan=lambda done: client.runtime.program_of(kid).handoff(done, "work"))
+    with pytest.raises(Refused):
+        client.approve(run_id, "gate")
+    for rid in (run_id, kid.id):
+        assert client.get_run(rid).status == "cancelled"
+        assert terminal(client.events(rid)) == ["run_cancelled"]
+    assert calls(counter) == []

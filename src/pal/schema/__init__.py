@@ -163,3 +163,15 @@ side_effect_receipts = sa.Table(
     sa.CheckConstraint("status IN ('claimed', 'delivered', 'failed')", name="status"),
 )
 sa.Index("ix_side_effect_receipts_run_id", side_effect_receipts.c.run_id)
+
+# Bearer tokens of the control plane (`pal tokens create`): only a sha256 of the secret is stored.
+api_tokens = sa.Table(
+    "api_tokens",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("tenant_id", sa.String(64), nullable=False),
+    sa.Column("name", sa.String(128), nullable=False),
+    sa.Column("token_hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("revoked_at", UtcDateTime(), nullable=True),
+)

@@ -1,0 +1,39 @@
+"""A real `pal api` server process for tests, with tokens of two tenants and a revoked one."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from pal.client import Client
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Api:
+    url: str
+    token: str  # tenant "acme"
+    other: str  # tenant "globex"
+    revoked: str
+    client: Client
+    env: dict[str, str]  # the PAL_* environment of the server's backend, for `pal` commands
+
+    def call(self, method: str, path: str, token: str | None = None, **kwargs: Any) -> httpx.Response:
+        headers = kwargs.pop("headers", {})
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        return httpx.request(method, self.url + path, headers=headers, timeout=30, **kwargs)
+
+    def get(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.call("GET", path, self.token, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.call("POST", path, self.token, **kwargs)
