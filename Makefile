@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit bench clean browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	env -u PAL_DATABASE_URL -u PAL_BROKER_URL $(BIN)/pal demo
 
-test: $(STAMP) lint typecheck
+test: $(STAMP) lint typecheck browser
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The dashboard test drives Debian's Chromium through Playwright (never a downloaded browser).
+browser:
+	@command -v chromium >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench beat_schedule.py

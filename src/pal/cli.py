@@ -393,6 +393,27 @@ def api(
 
 
 @app.command()
+def flower(
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port of Flower's web UI and API.")] = 5555,
+    address: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+) -> None:
+    """Run Flower on PAL's broker (same as `celery -A pal.workers flower`), with basic auth from
+    PAL_FLOWER_BASIC_AUTH (user:password[,user:password...]); it refuses to start without it."""
+    import os
+
+    from pal.workers import app as celery_app
+
+    auth = os.environ.get("PAL_FLOWER_BASIC_AUTH", "").strip()
+    if not auth or any(":" not in pair for pair in auth.split(",")):
+        _fail("set PAL_FLOWER_BASIC_AUTH=user:password (Flower shows task arguments; it must not run open)",
+              EXIT_BAD_INPUT)
+    if celery_app.runtime.settings.is_embedded_broker:
+        _fail("Flower needs a broker with events, e.g. PAL_BROKER_URL=redis://127.0.0.1:6379/0",
+              EXIT_BAD_INPUT)
+    celery_app.start(["flower", f"--basic-auth={auth}", f"--port={port}", f"--address={address}"])
+
+
+@app.command()
 def demo(
     tickets: Annotated[int, typer.Option(min=1, max=len(__import__("pal.demo").demo.DEMO_TICKETS),
                                          help="How many tickets to triage.")] = 3,

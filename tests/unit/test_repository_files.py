@@ -12,10 +12,12 @@ REPO = Path(__file__).resolve().parents[2]
 def test_docker_compose_parses_and_names_the_services() -> None:
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert {"postgres", "redis", "worker", "beat", "flower"} <= set(services)
+    assert {"postgres", "redis", "worker", "beat", "flower", "api"} <= set(services)
     assert services["worker"]["command"][:4] == ["celery", "-A", "pal.workers", "worker"]
     assert services["beat"]["command"][:4] == ["celery", "-A", "pal.workers", "beat"]
-    assert services["flower"]["command"][:4] == ["celery", "-A", "pal.workers", "flower"]
+    assert services["flower"]["command"][:2] == ["pal", "flower"]
+    assert "PAL_FLOWER_BASIC_AUTH" in services["flower"]["environment"]
+    assert services["api"]["command"][:2] == ["pal", "api"] and services["api"]["ports"] == ["8000:8000"]
     env = services["worker"]["environment"]
     assert env["PAL_DATABASE_URL"].startswith("postgresql://")
     assert env["PAL_BROKER_URL"].startswith("redis://")

@@ -6,8 +6,10 @@ journal's named reads; none writes SQL itself. Errors map to statuses with a JSO
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import anyio
@@ -17,14 +19,17 @@ from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 
 from pal.api.auth import Auth, Caller
+from pal.api.notify import JournalNotifier
 from pal.config import Settings
+from pal.database import normalize_url
 from pal.errors import GraphError, InputError, PalError, Refused, RunNotFound, StorageError
 from pal.journal import Event, RunRecord
 from pal.runtime import Runtime
 from pal.schema import IN_FLIGHT_STATUSES, TERMINAL_EVENT_KINDS, TERMINAL_STATUSES
 
 STATUSES = (*IN_FLIGHT_STATUSES, "waiting", *TERMINAL_STATUSES)
-SSE_POLL_SECONDS = 0.2
+SSE_POLL_SECONDS = 0.2  # SQLite: how often a stream looks for new events
+NOTIFY_FALLBACK_SECONDS = 2.0  # Postgres: streams wake on NOTIFY, and poll this often regardless
 
 
 class StartRun(BaseModel):
@@ -56,7 +61,18 @@ def create_api(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         from pal.workers.app import create_app
 
         runtime = create_app(settings).runtime
-    api = FastAPI(title="PAL control plane", version="1", description=__doc__)
+    notifier = (JournalNotifier(settings.database_url)
+                if normalize_url(settings.database_url).get_backend_name() == "postgresql" else None)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if notifier is not None:
+            notifier.start(asyncio.get_running_loop())
+        yield
+        if notifier is not None:
+            notifier.stop()
+
+    api = FastAPI(title="PAL control plane", version="1", description=__doc__, lifespan=lifespan)
     api.state.runtime = runtime
     rt = runtime
 
@@ -171,6 +187,15 @@ def create_api(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
             found += [p.as_dict() for p in pending_approvals(rt, run.id) if p.depth == 0]
         return {"approvals": found}
 
+    @api.get("/v1/runs/{run_id}/waterfall")
+    def waterfall(run_id: str, caller: Auth) -> dict[str, Any]:
+        """The run waterfall: one row per step on a shared time axis (what the dashboard draws)."""
+        from pal.api.waterfall import waterfall as build
+        from pal.steps import utcnow
+
+        run = own_run(run_id, caller)
+        return build(run, rt.journal.events(run_id), utcnow())
+
     @api.get("/v1/runs/{run_id}/events")
     async def events(run_id: str, caller: Auth,
                      last_event_id: Annotated[str | None, Header()] = None,
@@ -184,6 +209,15 @@ def create_api(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
             raise HTTPException(422, "Last-Event-ID must be an event seq (a whole number)") from exc
 
         async def stream() -> AsyncIterator[dict[str, Any]]:
+            woken = notifier.subscribe(run_id) if notifier is not None else None
+            try:
+                async for item in journal_stream(woken):
+                    yield item
+            finally:
+                if notifier is not None and woken is not None:
+                    notifier.unsubscribe(run_id, woken)
+
+        async def journal_stream(woken: asyncio.Event | None) -> AsyncIterator[dict[str, Any]]:
             last = start
             while True:
                 batch = await anyio.to_thread.run_sync(rt.journal.events, run_id, last)
@@ -196,8 +230,16 @@ def create_api(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
                     run = await anyio.to_thread.run_sync(rt.journal.get_run, run_id)
                     if run.terminal and not await anyio.to_thread.run_sync(rt.journal.events, run_id, last):
                         return
-                await asyncio.sleep(SSE_POLL_SECONDS)
+                if woken is None:
+                    await asyncio.sleep(SSE_POLL_SECONDS)
+                    continue
+                with contextlib.suppress(TimeoutError):  # a missed NOTIFY costs one fallback poll
+                    await asyncio.wait_for(woken.wait(), NOTIFY_FALLBACK_SECONDS)
+                woken.clear()
 
         return EventSourceResponse(stream())
 
+    from pal.api.dashboard import add_dashboard
+
+    add_dashboard(api, rt)
     return api

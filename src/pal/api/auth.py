@@ -16,14 +16,29 @@ class Caller:
     tenant_id: str
 
 
-def bearer(request: Request) -> Caller:
+COOKIE = "pal_token"  # the dashboard's HttpOnly cookie holds the same bearer token
+
+
+def presented_token(request: Request) -> str | None:
+    """The bearer token of the request: the Authorization header, else the dashboard's cookie."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.cookies.get(COOKIE) or None
+
+
+def tenant_of(request: Request, token: str) -> str | None:
+    journal: Journal = request.app.state.runtime.journal
+    return journal.token_tenant(token)
+
+
+def bearer(request: Request) -> Caller:
+    token = presented_token(request)
+    if token is None:
         raise HTTPException(401, "missing bearer token: send Authorization: Bearer <token>",
                             headers={"WWW-Authenticate": "Bearer"})
-    journal: Journal = request.app.state.runtime.journal
-    tenant = journal.token_tenant(token.strip())
+    tenant = tenant_of(request, token)
     if tenant is None:
         raise HTTPException(401, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"})
     return Caller(tenant_id=tenant)

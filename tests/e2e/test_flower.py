@@ -1,0 +1,67 @@
+"""Flower against a real worker: task events arrive, and /api/workers and /api/tasks answer behind
+basic auth with PAL's readable task names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from pal.client import Client
+from pal.demo import wait_until
+from tests.conftest import Backend
+from tests.support.api_server import free_port
+from tests.support.graphs import linear
+from tests.support.processes import Processes
+
+AUTH = ("admin", "s3cret")
+
+
+def test_flower_sees_pal_tasks_behind_basic_auth(processes: Processes, postgres_backend: Backend,
+                                                 tmp_path: Path) -> None:
+    port = free_port()
+    processes.worker("w")
+    processes.start(["flower", "--port", str(port)], "flower.log", PAL_FLOWER_BASIC_AUTH=":".join(AUTH))
+    url = f"http://127.0.0.1:{port}"
+
+    def get(path: str, auth: tuple[str, str] | None = AUTH) -> httpx.Response | None:
+        try:
+            return httpx.get(url + path, auth=auth, timeout=10)
+        except httpx.TransportError:
+            return None
+
+    assert wait_until(lambda: get("/api/workers") is not None, timeout=60), (tmp_path / "flower.log").read_text()
+    client = Client(postgres_backend.settings)
+
+    def tasks() -> dict[str, dict[str, object]]:
+        reply = get("/api/tasks")
+        return reply.json() if reply is not None and reply.status_code == 200 else {}
+
+    # Task events are fire-and-forget (Redis pub/sub): Flower sees those sent after its event
+    # receiver has subscribed, a moment after its web server answers. Run until it has seen one.
+    run_ids: list[str] = []
+
+    def seen() -> bool:
+        run_ids.append(client.start_run(linear(tmp_path / "c.log", 2), {}))
+        assert client.wait(run_ids[-1], timeout=60).status == "succeeded"
+        return wait_until(lambda: any(t.get("name") == "pal.execute_node" for t in tasks().values()), 2)
+
+    assert wait_until(seen, timeout=60)
+    run_id = run_ids[-1]
+    names = {t.get("name") for t in tasks().values()}
+    assert {"pal.execute_node"} <= names
+    assert any(run_id in str(t.get("args")) for t in tasks().values())
+    assert wait_until(lambda: bool((get("/api/workers?refresh=1") or httpx.Response(500)).json()), timeout=60)
+    for auth in (None, ("admin", "wrong")):
+        refused = get("/api/tasks", auth=auth)
+        assert refused is not None and refused.status_code == 401
+    client.close()
+
+
+def test_pal_flower_refuses_to_run_without_basic_auth(processes: Processes) -> None:
+    env = processes.env() | {"PAL_FLOWER_BASIC_AUTH": ""}
+    result = subprocess.run([sys.executable, "-m", "pal.cli", "flower"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2 and "PAL_FLOWER_BASIC_AUTH" in result.stderr
