@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import itertools
 import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from tests.support.api_server import free_port
 
 from bench.throughput import (
     KEY_ROOT,
@@ -45,11 +45,6 @@ from pal.steps import utcnow
 
 POLL_PERIOD = 0.2
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 RUN_TIMEOUT = 120.0
 
 

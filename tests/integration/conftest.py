@@ -3,10 +3,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 
 from pal.client import Client
 from tests.conftest import Backend
+from tests.support.workers import in_process_worker
 
 
 @pytest.fixture
@@ -19,6 +19,5 @@ def client(backend: Backend) -> Iterator[Client]:
 @pytest.fixture
 def worker(client: Client) -> Iterator[None]:
     """A real Celery worker consuming the backend's broker, in this process (threads pool)."""
-    with start_worker(client.app, pool="threads", concurrency=4, perform_ping_check=False,
-                      shutdown_timeout=30, loglevel="WARNING"):
+    with in_process_worker(client):
         yield

@@ -10,7 +10,6 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 
 from pal.client import Client
 from pal.nodes import idempotency_key
@@ -19,6 +18,7 @@ from pal.steps import execute_step
 from tests.conftest import Backend
 from tests.support.graphs import single
 from tests.support.servers import FakeModelServer
+from tests.support.workers import in_process_worker
 
 SECRET = "sk-test-never-journal-this-4242"
 MODEL = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5"}
@@ -46,8 +46,7 @@ def llm_client(backend: Backend, model_server: FakeModelServer,
 
 @pytest.fixture
 def llm_worker(llm_client: Client) -> Iterator[None]:
-    with start_worker(llm_client.app, pool="threads", concurrency=2, perform_ping_check=False,
-                      shutdown_timeout=30, loglevel="WARNING"):
+    with in_process_worker(llm_client, concurrency=2):
         yield
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 
 from pal.client import Client
 from pal.demo import wait_until
 from tests.conftest import REPO, Backend
 from tests.support.servers import SmtpReceiver, WebhookReceiver
+from tests.support.workers import in_process_worker
 
 DOC = REPO / "docs" / "nodes.md"
 EXAMPLE = re.compile(r"<!-- example: (?P<name>[\w-]+)(?P<attrs>.*?) -->\s*```json\n(?P<body>.*?)```", re.S)
@@ -40,8 +40,7 @@ def test_every_node_kind_has_an_example() -> None:
 def docs_client(sqlite_backend: Backend, tmp_path: Path) -> Iterator[tuple[Client, WebhookReceiver, SmtpReceiver]]:
     with WebhookReceiver() as receiver, SmtpReceiver() as smtp:
         client = Client(sqlite_backend.settings.with_(smtp_url=f"smtp://{smtp.host}:{smtp.port}"))
-        with start_worker(client.app, pool="threads", concurrency=2, perform_ping_check=False,
-                          shutdown_timeout=30, loglevel="WARNING"):
+        with in_process_worker(client, concurrency=2):
             yield client, receiver, smtp
         client.close()
 
