@@ -165,6 +165,13 @@ class GraphProgram:
             return Node(id=step_id, type="loop-items", data=data)
         return self.graph.bodies[loop_id].nodes[local or ""]
 
+    def outgoing(self, step_id: str) -> tuple[Edge, ...]:
+        """The edges leaving a step's node: in the graph, or in its loop's body."""
+        if step_id in self.graph.nodes:
+            return self.graph.outgoing[step_id]
+        loop_id, index, local = self._locate(step_id)
+        return self.graph.bodies[loop_id].outgoing[local] if index is not None and local else ()
+
     def _locate(self, step_id: str) -> tuple[str, int | None, str | None]:
         match = _LOOP_STEP.match(step_id)
         if match is None or match["loop"] not in self.graph.bodies:

@@ -187,6 +187,14 @@ class Journal:
         Idempotent on `run_id`: a second call returns the existing run and `False`.
         """
         with self._tx() as conn:
+            if parent_run_id is not None:
+                # Under the parent's lock row: a cancellation of the parent either sees this child
+                # or makes this insert see a finished parent.
+                conn.execute(sa.select(run_locks.c.run_id).where(run_locks.c.run_id == parent_run_id)
+                             .with_for_update())
+                parent = self._run(conn, parent_run_id)
+                if parent.terminal:
+                    raise Refused(f"run {parent_run_id} is {parent.status}; it starts no child runs")
             inserted = conn.execute(
                 self._insert(runs)
                 .values(
@@ -343,22 +351,28 @@ class Journal:
         `step_completed` are appended together; a parked run takes a fresh lease (generation + 1)
         for the successors, which the caller publishes with the returned generation."""
         with self._tx() as conn:
-            run = self._run(conn, run_id)
-            if run.terminal:
-                raise Refused(f"run {run_id} is {run.status}; nothing waits there any more")
+            # Lock first (the lock row, then the run), then read: a cancellation or another
+            # decision that committed meanwhile is seen, never overwritten.
             lock = conn.execute(
                 sa.select(run_locks).where(run_locks.c.run_id == run_id).with_for_update()
             ).mappings().first()
+            run = _run_record(conn.execute(sa.select(runs).where(runs.c.id == run_id).with_for_update())
+                              .mappings().first() or _missing(run_id))
+            if run.terminal:
+                raise Refused(f"run {run_id} is {run.status}; nothing waits there any more")
+            if lock is None:
+                raise Refused(f"run {run_id} holds no lock row; it is finishing")
             waiting = {w["step_id"]: w for w in self._waiting(conn, run_id)}
             if step_id not in waiting:
                 raise Refused(self._why_not_waiting(conn, run_id, step_id))
             if check is not None:
                 check(waiting[step_id]["payload"])
             attempt = waiting[step_id]["attempt"]
-            if run.status == "waiting" or lock is None:
-                generation = (lock["generation"] if lock else 0) + 1
+            if lock["worker_id"] == PARKED:
+                generation = lock["generation"] + 1
                 self._upsert_lock(conn, run_id, "queued", now + timedelta(seconds=lease_ttl), generation)
-                conn.execute(runs.update().where(runs.c.id == run_id).values(status="running"))
+                conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status == "waiting")
+                             .values(status="running"))
             else:
                 generation = lock["generation"]
             if event is not None:
@@ -394,12 +408,21 @@ class Journal:
                 .order_by(run_locks.c.expires_at).limit(limit)
             ).scalars())
 
-    def rearm_wait(self, *, run_id: str, wake_at: datetime) -> None:
-        """Set when the sweep looks at a parked run again."""
+    def rearm_wait(self, *, run_id: str, wake_at: datetime, now: datetime) -> None:
+        """Set when the sweep looks at a parked run again: `wake_at`, or now when a child it waits
+        for has finished meanwhile (its own wake-up may have been lost)."""
         with self._tx() as conn:
+            conn.execute(sa.select(run_locks.c.run_id).where(run_locks.c.run_id == run_id).with_for_update())
+            if self._finished_children_waited_for(conn, self._waiting(conn, run_id)):
+                wake_at = now
             conn.execute(run_locks.update().where(run_locks.c.run_id == run_id,
                                                   run_locks.c.worker_id == PARKED)
                          .values(expires_at=wake_at))
+
+    def _finished_children_waited_for(self, conn: sa.Connection, waiting: list[dict[str, Any]]) -> bool:
+        children = [w["payload"]["child_run_id"] for w in waiting if w["payload"].get("child_run_id")]
+        return bool(children) and bool(conn.execute(sa.select(sa.func.count()).select_from(runs).where(
+            runs.c.id.in_(children), runs.c.status.in_(TERMINAL_STATUSES))).scalar())
 
     def children(self, run_id: str) -> list[RunRecord]:
         with self._tx() as conn:
@@ -412,14 +435,17 @@ class Journal:
         gets `run_cancelled` once and loses its lease, so a step still running is fenced out at
         its next journal write (the next step boundary). Returns the ids cancelled."""
         with self._tx() as conn:
+            conn.execute(sa.select(run_locks.c.run_id).where(run_locks.c.run_id == run_id).with_for_update())
             root = self._run(conn, run_id)
             if root.terminal:
                 raise Refused(f"run {run_id} is {root.status}; it cannot be cancelled")
             cancelled, frontier = [], [run_id]
             while frontier:
                 current = frontier.pop(0)
-                lock = conn.execute(sa.select(run_locks.c.generation)
-                                    .where(run_locks.c.run_id == current)).scalar()
+                # The run's lock row first: a child being created under it waits, then sees the
+                # parent cancelled (create_run refuses), or it committed and is found below.
+                lock = conn.execute(sa.select(run_locks.c.generation).where(run_locks.c.run_id == current)
+                                    .with_for_update()).scalar()
                 error = {"code": "cancelled", "by": by, "reason": reason,
                          "cancelled_with": run_id if current != run_id else None}
                 if self._finish(conn, current, "cancelled", lock or 0, now, error=error):
@@ -756,9 +782,7 @@ class Journal:
             return False
         due = [datetime.fromisoformat(w["payload"]["wake_at"])
                for w in waiting if w["payload"].get("wake_at")]
-        children = [w["payload"]["child_run_id"] for w in waiting if w["payload"].get("child_run_id")]
-        if children and conn.execute(sa.select(sa.func.count()).select_from(runs).where(
-                runs.c.id.in_(children), runs.c.status.in_(TERMINAL_STATUSES))).scalar():
+        if self._finished_children_waited_for(conn, waiting):
             due.append(now)
         wake_at = min([*due, now + timedelta(seconds=WAIT_RECHECK_SECONDS)])
         conn.execute(runs.update().where(runs.c.id == run_id, runs.c.status.in_(IN_FLIGHT_STATUSES))
@@ -768,13 +792,19 @@ class Journal:
         return True
 
     def _parent_due(self, conn: sa.Connection, run_id: str, now: datetime) -> None:
-        """Make a parked parent due now: the sweep looks at it even if the wake-up call is lost."""
-        conn.execute(
-            run_locks.update()
-            .where(run_locks.c.run_id == sa.select(runs.c.parent_run_id).where(runs.c.id == run_id)
-                   .scalar_subquery(), run_locks.c.worker_id == PARKED)
-            .values(expires_at=now)
-        )
+        """Make a parked parent due now: the sweep looks at it even if the wake-up call is lost.
+
+        SKIP LOCKED: a child never waits for its parent's lock row (a parent's transaction may hold
+        it and wait for the child's: a cancellation walks down the tree). A parent locked right
+        now is being decided, parked (which looks at finished children itself) or cancelled."""
+        parent = conn.execute(sa.select(runs.c.parent_run_id).where(runs.c.id == run_id)).scalar()
+        if parent is None:
+            return
+        row = conn.execute(sa.select(run_locks.c.run_id).where(
+            run_locks.c.run_id == parent, run_locks.c.worker_id == PARKED
+        ).with_for_update(skip_locked=True)).first()
+        if row is not None:
+            conn.execute(run_locks.update().where(run_locks.c.run_id == parent).values(expires_at=now))
 
     def _upsert_lock(self, conn: sa.Connection, run_id: str, worker_id: str, expires_at: datetime,
                      generation: int) -> None:
@@ -813,10 +843,21 @@ class Journal:
             return False
         payload = {"output": output} if status == "succeeded" else {"error": error}
         self._append(conn, run_id, None, None, TERMINAL_EVENT[status], payload, generation, now)
+        # Nothing may act for a failed run: its unfinished children (and theirs) stop with it.
+        if status == "failed" or (status == "cancelled" and (error or {}).get("code") == "parent_failed"):
+            for child in conn.execute(sa.select(runs.c.id).where(
+                    runs.c.parent_run_id == run_id, runs.c.status.not_in(TERMINAL_STATUSES))).scalars():
+                self._finish(conn, child, "cancelled", 0, now,
+                             error={"code": "parent_failed", "by": "pal", "reason": f"run {run_id} failed",
+                                    "cancelled_with": run_id})
         conn.execute(run_locks.delete().where(run_locks.c.run_id == run_id))
         self._parent_due(conn, run_id, now)
         faults.point("during_finish")
         return True
+
+
+def _missing(run_id: str) -> Any:
+    raise RunNotFound(f"no run {run_id!r}")
 
 
 def _run_record(row: sa.RowMapping) -> RunRecord:

@@ -136,11 +136,10 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
             faults.point("before_effect", step_id)
             result = node.kind.execute(node.data, ctx)
             faults.point("after_effect", step_id)
-            if isinstance(result, Park):
-                return _park(rt, claim.run, step_id, claim.attempt, generation, result, program)
-            if not isinstance(result, NodeResult):
+            if not isinstance(result, NodeResult | Park):
                 result = NodeResult(result)
-            json.dumps(result.output)  # a non-JSON output fails the step here, not the journal later
+            if isinstance(result, NodeResult):
+                json.dumps(result.output)  # a non-JSON output fails the step here, not the journal later
     except LeaseLost:
         log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
         return StepResult("fenced")
@@ -150,6 +149,10 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
         elif isinstance(exc, TypeError | ValueError) and "JSON" in str(exc):
             exc = PalError(f"step {step_id!r} returned a value that is not JSON: {exc}")
         return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy, claim.run.parent_run_id)
+    if isinstance(result, Park):
+        # Outside the node's failure handling: a journal error here is not the node's failure (a
+        # retry would start a second child); the lease lapses and a re-drive parks the same attempt.
+        return _park(rt, claim.run, step_id, claim.attempt, generation, result, program)
     try:
         handoff = journal.complete_step(
             run_id=run_id, step_id=step_id, attempt=claim.attempt, generation=generation,
@@ -182,6 +185,9 @@ def _park(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: i
     except LeaseLost:
         log.warning("run %s step %s: fenced out (generation %d)", run.id, step_id, generation)
         return StepResult("fenced")
+    except PalError:
+        log.exception("run %s step %s: could not park; the sweep re-drives it", run.id, step_id)
+        return StepResult("park_failed")
     if park.payload.get("child_run_id"):
         # The child may already have finished before the park committed: look once now.
         _wake_parent(rt, run.id)

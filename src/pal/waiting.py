@@ -79,7 +79,7 @@ def _resume(rt: Runtime, run: RunRecord, step_id: str, *, output: Any = None,
 def _branch_wired(program: Program, step_id: str, branch: str) -> bool:
     if not isinstance(program, GraphProgram):
         return False
-    return any(e.source_handle == branch for e in program.graph.outgoing.get(step_id, ()))
+    return any(e.source_handle == branch for e in program.outgoing(step_id))
 
 
 def _branch_outcome(program: Program, step_id: str, branch: str, detail: Mapping[str, Any]
@@ -152,7 +152,7 @@ def wake(rt: Runtime, run_id: str, now: datetime | None = None) -> int:
             continue  # decided meanwhile by someone else: nothing to do
         if rt.journal.get_run(run_id).terminal:
             return resumed
-    rt.journal.rearm_wait(run_id=run_id, wake_at=next_due)
+    rt.journal.rearm_wait(run_id=run_id, wake_at=next_due, now=now)
     return resumed
 
 

@@ -276,3 +276,84 @@ def test_cancel_with_a_running_child_a_waiting_approval_and_a_queued_step(client
         assert client.get_run(rid).status == "cancelled"
         assert terminal(client.events(rid)) == ["run_cancelled"]
     assert calls(counter) == []
+
+
+def capture(client: Client) -> list[tuple[str, str, int]]:
+    sent: list[tuple[str, str, int]] = []
+    client.runtime.publish = lambda r, s, g, countdown=0.0: sent.append((r, s, g))
+    return sent
+
+
+def test_a_decision_after_a_cancellation_is_refused_and_changes_nothing(client: Client, counter: Path) -> None:
+    sent = capture(client)
+    run_id = client.start_run(approval(counter), {"amount": 1, "customer": "h"})
+    while sent:
+        execute_step(client.runtime, *sent.pop(0))
+    assert client.get_run(run_id).status == "waiting"
+    client.cancel(run_id)
+    with pytest.raises(Refused, match="is cancelled"):
+        client.approve(run_id, "gate")
+    assert client.get_run(run_id).status == "cancelled"
+    assert terminal(client.events(run_id)) == ["run_cancelled"] and sent == []
+
+
+def test_two_decisions_on_parallel_approvals_keep_each_others_messages_valid(client: Client, counter: Path) -> None:
+    sent = capture(client)
+    gate = {"prompt": "go?"}
+    graph = {"nodes": [{"id": "start", "type": "trigger"},
+                       {"id": "ga", "type": "approval", "data": gate}, {"id": "gb", "type": "approval", "data": gate},
+                       {"id": "a", "type": "tool", "data": {"tool": "count", "args": {"path": str(counter), "label": "a"}}},
+                       {"id": "b", "type": "tool", "data": {"tool": "count", "args": {"path": str(counter), "label": "b"}}}],
+             "edges": [{"source": "start", "target": "ga"}, {"source": "start", "target": "gb"},
+                       {"source": "ga", "target": "a", "sourceHandle": "approved"},
+                       {"source": "gb", "target": "b", "sourceHandle": "approved"}]}
+    run_id = client.start_run(graph, {})
+    while sent:
+        execute_step(client.runtime, *sent.pop(0))
+    assert client.get_run(run_id).status == "waiting"
+    client.approve(run_id, "ga")
+    client.approve(run_id, "gb")
+    assert [m[1] for m in sent] == ["a", "b"] and sent[0][2] == sent[1][2]  # one generation for both
+    assert [execute_step(client.runtime, *m).outcome for m in sent] == ["completed", "completed"]
+    assert client.get_run(run_id).status == "succeeded" and sorted(calls(counter)) == ["a", "b"]
+
+
+def test_a_child_is_never_started_under_a_cancelled_parent(client: Client, counter: Path) -> None:
+    from pal.nodes.base import StepContext
+
+    capture(client)
+    child = single({"id": "c", "type": "tool", "data": {"tool": "noop"}})
+    run_id = client.start_run(parent_of(child), {})
+    client.cancel(run_id)
+    ctx = StepContext(run_id=run_id, step_id="sub", attempt=1, input={}, services=client.runtime)
+    with pytest.raises(Refused, match="starts no child runs"):
+        client.runtime.start_child(ctx, child, {})
+    assert client.runtime.journal.children(run_id) == []
+
+
+def test_a_failed_parent_cancels_its_paused_child(client: Client, worker: None, counter: Path) -> None:
+    run_id = client.start_run(parent_of(approval(counter), child_input={"amount": 1, "customer": "i"},
+                                        on_child_approval="fail"), {})
+    assert client.wait(run_id, timeout=60).error["code"] == "child_run_paused"
+    [kid] = client.runtime.journal.children(run_id)
+    assert kid.status == "cancelled" and kid.error["code"] == "parent_failed"
+    with pytest.raises(Refused):
+        client.approve(kid.id, "gate")  # nothing can act for the failed parent any more
+    assert calls(counter) == []
+
+
+def test_an_approval_inside_a_loop_body_follows_its_body_edges(client: Client, counter: Path) -> None:
+    sent = capture(client)
+    body = {"nodes": [{"id": "ask", "type": "approval", "data": {"prompt": "item {{ loop.item }}?"}},
+                      {"id": "yes", "type": "tool", "data": {"tool": "count", "args": {"path": str(counter), "label": "yes"}}},
+                      {"id": "no", "type": "tool", "data": {"tool": "count", "args": {"path": str(counter), "label": "no"}}}],
+            "edges": [{"source": "ask", "target": "yes", "sourceHandle": "approved"},
+                      {"source": "ask", "target": "no", "sourceHandle": "rejected"}]}
+    run_id = client.start_run(single({"id": "each", "type": "loop", "data": {"items": [1], "body": body}}), {})
+    while sent:
+        execute_step(client.runtime, *sent.pop(0))
+    client.reject(run_id, "each[0].ask")
+    while sent:
+        execute_step(client.runtime, *sent.pop(0))
+    assert client.get_run(run_id).status == "succeeded"
+    assert calls(counter) == ["no"]
