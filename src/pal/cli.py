@@ -393,6 +393,26 @@ def api(
 
 
 @app.command()
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Check the journal against its invariants; exit 0 only when it is clean (1 otherwise)."""
+    try:
+        found = _client().runtime.journal.violations()
+    except PalError as exc:
+        _fail(str(exc), _exit_code(exc))
+    if as_json:
+        _print_json([v.as_dict() for v in found])
+    else:
+        for v in found:
+            step = f" step {v.step_id}" if v.step_id else ""
+            typer.echo(f"{v.kind}: run {v.run_id}{step}: {v.detail}")
+        typer.echo("journal is clean" if not found else f"{len(found)} violation(s)")
+    if found:
+        raise typer.Exit(EXIT_RUN_FAILED)
+
+
+@app.command()
 def flower(
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port of Flower's web UI and API.")] = 5555,
     address: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",

@@ -101,6 +101,19 @@ class Event:
 
 
 @dataclass(frozen=True)
+class Violation:
+    """One breach of a journal invariant, found by `pal doctor`."""
+
+    kind: str
+    run_id: str
+    step_id: str | None
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "run_id": self.run_id, "step_id": self.step_id, "detail": self.detail}
+
+
+@dataclass(frozen=True)
 class Lease:
     run_id: str
     worker_id: str
@@ -607,6 +620,94 @@ class Journal:
         closed = {(r.step_id, r.attempt) for r in rows if r.kind != "step_started"}
         return sorted({r.step_id for r in rows if r.kind == "step_started" and r.generation == generation
                        and (r.step_id, r.attempt) not in closed})
+
+    # -------------------------------------------------------------- invariants
+
+    def violations(self) -> list[Violation]:
+        """Every breach of the journal's invariants (`pal doctor`); empty when the journal is clean."""
+        checks = (self._twice, self._terminal_leases, self._status_vs_journal, self._unstarted,
+                  self._orphan_receipts, self._totals, self._seq_order)
+        with self._tx() as conn:
+            return [v for check in checks for v in check(conn)]
+
+    def _twice(self, conn: sa.Connection) -> list[Violation]:
+        je = journal_events
+        found = [Violation("step_completed_twice", r.run_id, r.step_id, f"{r.n} step_completed events")
+                 for r in conn.execute(sa.select(je.c.run_id, je.c.step_id, sa.func.count().label("n"))
+                                       .where(je.c.kind == "step_completed")
+                                       .group_by(je.c.run_id, je.c.step_id)
+                                       .having(sa.func.count() > 1))]
+        found += [Violation("terminal_twice", r.run_id, None, f"{r.n} terminal events")
+                  for r in conn.execute(sa.select(je.c.run_id, sa.func.count().label("n"))
+                                        .where(je.c.kind.in_(TERMINAL_EVENT.values())).group_by(je.c.run_id)
+                                        .having(sa.func.count() > 1))]
+        return found
+
+    def _terminal_leases(self, conn: sa.Connection) -> list[Violation]:
+        rows = conn.execute(sa.select(runs.c.id, runs.c.status)
+                            .join(run_locks, run_locks.c.run_id == runs.c.id)
+                            .where(runs.c.status.in_(TERMINAL_STATUSES)))
+        return [Violation("terminal_run_has_lease", r.id, None, f"{r.status} but holds a lock row")
+                for r in rows]
+
+    def _status_vs_journal(self, conn: sa.Connection) -> list[Violation]:
+        je = journal_events
+        ends = {r.run_id: r.kind for r in conn.execute(
+            sa.select(je.c.run_id, je.c.kind).where(je.c.kind.in_(TERMINAL_EVENT.values())))}
+        return [Violation("status_disagrees_with_journal", r.id, None,
+                          f"status {r.status}, terminal event {ends.get(r.id)}")
+                for r in conn.execute(sa.select(runs.c.id, runs.c.status))
+                if TERMINAL_EVENT.get(r.status) != ends.get(r.id)]
+
+    def _unstarted(self, conn: sa.Connection) -> list[Violation]:
+        je, started = journal_events, journal_events.alias("started")
+        rows = conn.execute(sa.select(je.c.run_id, je.c.step_id, je.c.attempt, je.c.seq).where(
+            je.c.kind == "step_completed", ~sa.exists().where(
+                started.c.run_id == je.c.run_id, started.c.step_id == je.c.step_id,
+                started.c.attempt == je.c.attempt, started.c.kind == "step_started",
+                started.c.seq < je.c.seq)))
+        return [Violation("completed_without_start", r.run_id, r.step_id,
+                          f"step_completed (seq {r.seq}) of attempt {r.attempt} has no earlier step_started")
+                for r in rows]
+
+    def _orphan_receipts(self, conn: sa.Connection) -> list[Violation]:
+        je, rc = journal_events, side_effect_receipts
+        rows = conn.execute(sa.select(rc.c.run_id, rc.c.step_id, rc.c.attempt, rc.c.status).where(
+            ~sa.exists().where(je.c.run_id == rc.c.run_id, je.c.step_id == rc.c.step_id,
+                               je.c.attempt == rc.c.attempt, je.c.kind == "step_started")))
+        return [Violation("receipt_without_step", r.run_id, r.step_id,
+                          f"{r.status} receipt of attempt {r.attempt}, which never started") for r in rows]
+
+    def _totals(self, conn: sa.Connection) -> list[Violation]:
+        je = journal_events
+        spent: dict[str, tuple[int, int, Decimal]] = {}
+        for row in conn.execute(sa.select(je.c.run_id, je.c.payload).where(je.c.kind == "step_completed")):
+            usage = (row.payload or {}).get("usage")
+            if usage:
+                i, o, c = spent.get(row.run_id, (0, 0, Decimal(0)))
+                spent[row.run_id] = (i + int(usage.get("input_tokens", 0)),
+                                     o + int(usage.get("output_tokens", 0)),
+                                     c + Decimal(str(usage.get("cost_usd", "0"))))
+        found = []
+        totals = sa.select(runs.c.id, runs.c.input_tokens, runs.c.output_tokens, runs.c.cost_usd)
+        for r in conn.execute(totals):
+            steps = spent.get(r.id, (0, 0, Decimal(0)))
+            run_totals = (r.input_tokens, r.output_tokens, Decimal(r.cost_usd))
+            if run_totals != steps:
+                found.append(Violation("totals_disagree_with_steps", r.id, None,
+                                       f"run {run_totals[0]}+{run_totals[1]} tokens ${run_totals[2]}, "
+                                       f"steps {steps[0]}+{steps[1]} tokens ${steps[2]}"))
+        return found
+
+    def _seq_order(self, conn: sa.Connection) -> list[Violation]:
+        """seq strictly increasing per run (the primary key guarantees it today; a schema change
+        that lost it would show here)."""
+        je, last, found = journal_events, dict[str, int](), []
+        for r in conn.execute(sa.select(je.c.run_id, je.c.seq).order_by(je.c.run_id, je.c.seq)):
+            if r.seq <= last.get(r.run_id, 0):
+                found.append(Violation("seq_not_increasing", r.run_id, None, f"seq {r.seq}"))
+            last[r.run_id] = r.seq
+        return found
 
     # ---------------------------------------------------------------- tokens
 

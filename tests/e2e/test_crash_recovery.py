@@ -29,6 +29,7 @@ def assert_exactly_once(client: Client, run_id: str) -> None:
     terminal = [e.kind for e in events if e.kind in ("run_succeeded", "run_failed", "run_cancelled")]
     assert terminal == ["run_succeeded"]
     assert client.runtime.journal.get_lease(run_id) is None
+    assert client.runtime.journal.violations() == []  # `pal doctor` finds the journal clean
 
 
 @pytest.mark.parametrize("point", STEP_POINTS)

@@ -53,6 +53,7 @@ def crash_then_finish(processes: Processes, client: Client, tmp_path: Path, poin
     assert set(Counter(e.step_id for e in events if e.kind == "step_completed").values()) <= {1}
     assert len([e for e in events if e.kind in TERMINAL]) == 1
     assert any(e.kind == "run_recovered" for e in events)
+    assert client.runtime.journal.violations() == []  # `pal doctor` finds the journal clean
     return run_id
 
 
