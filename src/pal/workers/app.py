@@ -68,9 +68,11 @@ def create_app(settings: Settings) -> PalCelery:
         beat_schedule_filename=str(settings.home / "celerybeat-schedule"),
     )
     if settings.is_embedded_broker:
+        from pal.workers.fs_transport import TRANSPORT
+
         # The filesystem transport has no broadcast; these worker chats would only add noise.
         app.conf.update(worker_enable_remote_control=False, worker_send_task_events=False,
-                        task_send_sent_event=False)
+                        task_send_sent_event=False, broker_transport=TRANSPORT)
 
     def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0) -> None:
         # A countdown is held by the consuming worker's timer, not by a blocked process.
