@@ -103,21 +103,15 @@ def handoff(graph: Graph, completed: Mapping[str, Any], step_id: str) -> Handoff
 
     Only steps that became ready because of this completion are dispatched: a step that was
     ready before was dispatched by whoever made it ready, so concurrent completions (serialized
-    by the run's lease row) never dispatch the same step twice.
+    by the run's lease row) never dispatch the same step twice. (One implementation: the graph's
+    program, which also expands loops.)
     """
-    before = {k: v for k, v in completed.items() if k != step_id}
-    was_ready = progress(graph, before).ready
-    now = progress(graph, completed)
-    dispatch = tuple(n for n in graph.order if n in now.ready and n not in was_ready)
-    if now.finished:
-        return Handoff(dispatch=(), finished=True, output=run_output(graph, completed))
-    return Handoff(dispatch=dispatch, finished=False)
+    return GraphProgram(graph).handoff(completed, step_id)
 
 
 def redrive_steps(graph: Graph, completed: Mapping[str, Any]) -> tuple[str, ...]:
     """The first incomplete steps of a re-driven run; empty for a finished graph."""
-    state = progress(graph, completed)
-    return tuple(n for n in graph.order if n in state.ready)
+    return GraphProgram(graph).redrive_steps(completed)
 
 
 class Program(Protocol):

@@ -4,8 +4,6 @@ and Redis: every route, every authentication failure, SSE resumption with Last-E
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -144,9 +142,7 @@ def test_the_openapi_schema_lists_every_route(api: Api) -> None:
 
 
 def test_pal_tokens_create_list_revoke(processes: Processes, postgres_backend: Backend) -> None:
-    def pal(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "pal.cli", *args], env=processes.env(), capture_output=True,
-                              text=True, timeout=60)
+    pal = processes.cli
 
     created = pal("tokens", "create", "--tenant", "acme", "--name", "ci")
     assert created.returncode == 0, created.stderr

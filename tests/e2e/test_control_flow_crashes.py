@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import redis
@@ -21,11 +20,6 @@ from tests.support.tools import calls
 
 # A Redis database of its own, so that flushing it cannot touch any other test's keys.
 FLUSHED_DB_URL = "redis://127.0.0.1:6379/10"
-
-
-def pal(processes: Processes, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pal.cli", *args], env=processes.env(), capture_output=True,
-                          text=True, timeout=120)
 
 
 def test_an_approval_wait_survives_workers_redis_and_postgres_restarting(
@@ -49,16 +43,16 @@ def test_an_approval_wait_survives_workers_redis_and_postgres_restarting(
         assert client.get_run(run_id).status == "waiting"
         procs.worker("w2")
         procs.beat()
-        listed = pal(procs, "runs", "approvals", run_id)
+        listed = procs.cli("runs", "approvals", run_id)
         assert listed.returncode == 0 and f"{run_id} gate: \"Refund 12 to acme?\"" in listed.stdout
-        approved = pal(procs, "runs", "approve", run_id, "gate", "--comment", "after the storm", "--by", "ada")
+        approved = procs.cli("runs", "approve", run_id, "gate", "--comment", "after the storm", "--by", "ada")
         assert approved.returncode == 0, approved.stderr
         assert "approved; dispatched: pay" in approved.stdout
         run = client.wait(run_id, timeout=120)
         assert run.status == "succeeded" and run.output == "paid"
         assert_exactly_once(client, run_id)
         assert calls(counter) == ["pay"]
-        again = pal(procs, "runs", "approve", run_id, "gate")
+        again = procs.cli("runs", "approve", run_id, "gate")
         assert again.returncode == 6 and "nothing waits there" in again.stderr
         client.close()
     finally:
@@ -120,9 +114,9 @@ def test_a_nested_approval_two_levels_deep_is_approved_from_the_command_line(
     run_id = client.start_run(graph, {})
     assert wait_until(lambda: bool(client.pending_approvals(run_id)), timeout=60)
     [pending] = client.pending_approvals(run_id)
-    listed = pal(processes, "runs", "approvals", run_id, "--json")
+    listed = processes.cli("runs", "approvals", run_id, "--json")
     assert listed.returncode == 0 and pending.run_id in listed.stdout and '"depth": 2' in listed.stdout
-    approved = pal(processes, "runs", "approve", pending.run_id, "gate", "--hash", pending.approval_hash)
+    approved = processes.cli("runs", "approve", pending.run_id, "gate", "--hash", pending.approval_hash)
     assert approved.returncode == 0, approved.stderr
     run = client.wait(run_id, timeout=120)
     assert run.status == "succeeded" and run.output == "paid"

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -92,11 +90,7 @@ def test_stopped_worker_wakes_up_fenced_out(processes: Processes, postgres_backe
 
 def test_pal_runs_stuck_and_resume(processes: Processes, postgres_backend: Backend, tmp_path: Path) -> None:
     client = Client(postgres_backend.settings.with_(lease_ttl=2.0))
-    env = processes.env()
-
-    def pal(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "pal.cli", *args], env=env, capture_output=True,
-                              text=True, timeout=120)
+    pal = processes.cli
 
     # No worker yet: the run's lease is live but idle (no step runs under it; its message may as
     # well be lost), so resume takes it over at once instead of waiting for it to lapse.

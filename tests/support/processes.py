@@ -39,6 +39,11 @@ class Processes:
     def beat(self) -> subprocess.Popen[bytes]:
         return self.start(["beat", "--loglevel", "INFO"], "beat.log")
 
+    def cli(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        """Run one `pal` command against the same backend and wait for it."""
+        return subprocess.run([sys.executable, "-m", "pal.cli", *args], env=self.env(**extra),
+                              capture_output=True, text=True, timeout=120)
+
     def stop_all(self) -> None:
         for process in self.started:
             stop_process(process)
