@@ -953,7 +953,7 @@ class Journal:
                                     "cancelled_with": run_id})
         conn.execute(run_locks.delete().where(run_locks.c.run_id == run_id))
         self._parent_due(conn, run_id, now)
-        faults.point("during_finish")
+        faults.point("during_finish", None, run_id)
         return True
 
 

@@ -121,7 +121,7 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
         log.info("run %s step %s gen %d: %s, nothing to do", run_id, step_id, generation,
                  claim.outcome.value)
         return StepResult(claim.outcome.value)
-    faults.point("after_claim_commit", step_id)
+    faults.point("after_claim_commit", step_id, run_id)
     program = rt.program_of(claim.run)
     receipts = JournalReceipts(rt, idempotency_key(run_id, step_id, claim.attempt), run_id, step_id,
                                claim.attempt, generation)
@@ -133,9 +133,9 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
                           outputs=outputs, services=rt, receipts=receipts, started_at=utcnow(), loop=loop)
         policy = retry.parse_policy(node.data.get("retry"))
         with Heartbeat(rt, run_id, generation):
-            faults.point("before_effect", step_id)
+            faults.point("before_effect", step_id, run_id)
             result = node.kind.execute(node.data, ctx)
-            faults.point("after_effect", step_id)
+            faults.point("after_effect", step_id, run_id)
             if not isinstance(result, NodeResult | Park):
                 result = NodeResult(result)
             if isinstance(result, NodeResult):
@@ -165,9 +165,9 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
         return StepResult("fenced")
     # Publish only after the commit: a crash here leaves a lease that expires and the sweep
     # re-drives the successors.
-    faults.point("after_complete_commit", step_id)
+    faults.point("after_complete_commit", step_id, run_id)
     for successor in handoff.dispatch:
-        faults.point("before_publish", step_id)
+        faults.point("before_publish", step_id, run_id)
         rt.publish(run_id, successor, generation)
     if handoff.finished:
         _wake_parent(rt, claim.run.parent_run_id)
@@ -218,7 +218,7 @@ def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: in
             worker_id=rt.worker_id, now=utcnow(), lease_ttl=settings.lease_ttl)
         if not kept:
             return StepResult("fenced")
-        faults.point("after_retry_commit", step_id)
+        faults.point("after_retry_commit", step_id, run_id)
         log.info("run %s step %s: %s; attempt %d in %.3gs", run_id, step_id, decision.reason,
                  decision.next_attempt, decision.backoff_s)
         if retry.backoff_lease(decision.backoff_s, settings.lease_ttl)[1]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from pal import faults
 from pal.errors import PalError, Refused, StepError
 from pal.interpreter import GraphProgram, Handoff, Program
 from pal.journal import WAIT_RECHECK_SECONDS, RunRecord
@@ -57,9 +58,13 @@ class PendingApproval:
                 "expires_at": self.expires_at, "depth": self.depth}
 
 
-def _publish(rt: Runtime, run_id: str, decision: Handoff, generation: int) -> None:
-    for step_id in decision.dispatch:
-        rt.publish(run_id, step_id, generation)
+def _publish(rt: Runtime, run_id: str, step_id: str, decision: Handoff, generation: int) -> None:
+    # The same fault points as a worker's hand-off: a decider killed here leaves a lease that
+    # lapses, and the sweep publishes the branch.
+    faults.point("after_complete_commit", step_id, run_id)
+    for successor in decision.dispatch:
+        faults.point("before_publish", step_id, run_id)
+        rt.publish(run_id, successor, generation)
 
 
 def _resume(rt: Runtime, run: RunRecord, step_id: str, *, output: Any = None,
@@ -70,7 +75,7 @@ def _resume(rt: Runtime, run: RunRecord, step_id: str, *, output: Any = None,
         run_id=run.id, step_id=step_id, now=now or utcnow(), lease_ttl=rt.settings.lease_ttl,
         plan=lambda completed: program.handoff(completed, step_id), output=output, error=error,
         event=event, check=check, frontier=program.redrive_steps)
-    _publish(rt, run.id, decision, generation)
+    _publish(rt, run.id, step_id, decision, generation)
     if decision.finished and run.parent_run_id:
         wake_quietly(rt, run.parent_run_id)
     return decision

@@ -32,9 +32,11 @@ class Processes:
         self.started.append(process)
         return process
 
-    def worker(self, name: str, **extra: str) -> subprocess.Popen[bytes]:
-        # solo pool: the worker process is the one that executes, so SIGKILL takes the whole worker.
-        return self.start(["worker", "--pool", "solo", "--loglevel", "INFO"], f"{name}.log", **extra)
+    def worker(self, name: str, *, concurrency: int = 0, **extra: str) -> subprocess.Popen[bytes]:
+        """By default a solo pool: the worker process is the one that executes, so SIGKILL takes the
+        whole worker. With `concurrency`, a prefork pool whose killed children Celery replaces."""
+        pool = ["--pool", "prefork", "--concurrency", str(concurrency)] if concurrency else ["--pool", "solo"]
+        return self.start(["worker", *pool, "--loglevel", "INFO"], f"{name}.log", **extra)
 
     def beat(self) -> subprocess.Popen[bytes]:
         return self.start(["beat", "--loglevel", "INFO"], "beat.log")

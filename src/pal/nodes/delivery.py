@@ -41,7 +41,7 @@ def deliver(ctx: StepContext, effect_kind: str, target: str, idempotent_receiver
         raise DeliveryError(f"{effect_kind} to {target} failed earlier: {receipt.response}")
     if not receipt.new and not idempotent_receiver:
         _in_doubt(ctx, effect_kind, target, "claimed but never confirmed (the worker stopped mid-delivery)")
-    faults.point("after_receipt_claim", ctx.step_id)
+    faults.point("after_receipt_claim", ctx.step_id, ctx.run_id)
     attempts = 1 + (len(RESEND_PAUSES_S) if idempotent_receiver else 0)
     last: BaseException | None = None
     for round_ in range(attempts):
@@ -58,7 +58,7 @@ def deliver(ctx: StepContext, effect_kind: str, target: str, idempotent_receiver
         except Exception as exc:  # anything else after the send began: the outcome is unknown
             last = exc
             continue
-        faults.point("after_delivery", ctx.step_id)
+        faults.point("after_delivery", ctx.step_id, ctx.run_id)
         try:
             receipts.settle("delivered", response)
         except Exception as exc:  # delivered, but not recorded: a retry must not send again
