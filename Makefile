@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean browser
+.PHONY: demo test lint typecheck unit bench soak clean browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ typecheck: $(STAMP)
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
+
+# The soak alone, for longer: make soak DURATION=10m [SEED=123] (make test runs it for 45 s).
+DURATION ?= 45s
+soak: $(STAMP)
+	PAL_SOAK_DURATION=$(DURATION) PAL_SOAK_SEED=$(SEED) $(BIN)/pytest -s tests/soak
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -52,15 +53,21 @@ def redis_client() -> redis.Redis:
     return client
 
 
-@pytest.fixture
-def pg_url(pg_admin: sa.Engine) -> Iterator[str]:
-    """A database URL whose search_path is a fresh schema, dropped after the test."""
+@contextmanager
+def fresh_schema(pg_admin: sa.Engine) -> Iterator[str]:
+    """A database URL whose search_path is a fresh schema, dropped at the end."""
     schema = f"t_{uuid.uuid4().hex[:12]}"
     with pg_admin.connect() as conn:
         conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
     yield f"{PG_ADMIN_URL}?options={quote(f'-csearch_path={schema}')}"
     with pg_admin.connect() as conn:
         conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+
+
+@pytest.fixture
+def pg_url(pg_admin: sa.Engine) -> Iterator[str]:
+    with fresh_schema(pg_admin) as url:
+        yield url
 
 
 @pytest.fixture
@@ -103,14 +110,19 @@ def sqlite_backend(tmp_path: Path) -> Backend:
     return Backend("sqlite", settings)
 
 
-@pytest.fixture
-def postgres_backend(tmp_path: Path, pg_url: str, redis_prefix: str) -> Backend:
-    settings = _settings(tmp_path, PAL_DATABASE_URL=pg_url, PAL_BROKER_URL=REDIS_URL,
-                         PAL_BROKER_KEY_PREFIX=redis_prefix)
+def migrated_postgres_backend(folder: Path, database_url: str, broker_url: str = REDIS_URL,
+                              key_prefix: str = "") -> Backend:
+    settings = _settings(folder, PAL_DATABASE_URL=database_url, PAL_BROKER_URL=broker_url,
+                         PAL_BROKER_KEY_PREFIX=key_prefix)
     engine = create_engine(settings.database_url)
     upgrade(engine)
     engine.dispose()
     return Backend("postgres", settings)
+
+
+@pytest.fixture
+def postgres_backend(tmp_path: Path, pg_url: str, redis_prefix: str) -> Backend:
+    return migrated_postgres_backend(tmp_path, pg_url, REDIS_URL, redis_prefix)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

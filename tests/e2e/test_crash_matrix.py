@@ -24,18 +24,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 import redis
 import sqlalchemy as sa
 
 from pal.client import Client
-from pal.database import create_engine
 from pal.faults import STEP_POINTS
 from pal.nodes import idempotency_key
-from pal.schema.migrate import upgrade
-from tests.conftest import PG_ADMIN_URL, REDIS_URL, Backend, _settings
+from tests.conftest import REDIS_URL, Backend, fresh_schema, migrated_postgres_backend
 from tests.support.graphs import counted, edge, single
 from tests.support.processes import Processes
 from tests.support.servers import FakeModelServer, SmtpReceiver, WebhookReceiver
@@ -146,21 +143,12 @@ class Matrix:
 def module_backend(tmp_path_factory: pytest.TempPathFactory, pg_admin: sa.Engine,
                    redis_client: redis.Redis) -> Iterator[Backend]:
     """A Postgres schema and Redis key prefix for the whole matrix, dropped at the end."""
-    schema, prefix = f"t_{uuid.uuid4().hex[:12]}", f"paltest:{uuid.uuid4().hex[:12]}:"
-    with pg_admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    url = f"{PG_ADMIN_URL}?options={quote(f'-csearch_path={schema}')}"
-    settings = _settings(tmp_path_factory.mktemp("matrix"), PAL_DATABASE_URL=url, PAL_BROKER_URL=REDIS_URL,
-                         PAL_BROKER_KEY_PREFIX=prefix)
-    engine = create_engine(settings.database_url)
-    upgrade(engine)
-    engine.dispose()
-    yield Backend("postgres", settings)
+    prefix = f"paltest:{uuid.uuid4().hex[:12]}:"
+    with fresh_schema(pg_admin) as url:
+        yield migrated_postgres_backend(tmp_path_factory.mktemp("matrix"), url, REDIS_URL, prefix)
     keys = list(redis_client.scan_iter(match=f"{prefix}*", count=1000))
     if keys:
         redis_client.delete(*keys)
-    with pg_admin.connect() as conn:
-        conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
 
 
 def _effects(cell: Cell, folder: Path, model: FakeModelServer, hooks: WebhookReceiver,

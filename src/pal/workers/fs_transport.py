@@ -1,4 +1,4 @@
-"""The embedded broker: kombu's filesystem transport, with atomic writes.
+"""The embedded broker: kombu's filesystem transport, with atomic writes and short drains.
 
 kombu writes a message file in place (open, then write), while a consumer in another thread or
 process lists the folder and reads every `*.{queue}.msg` it finds: a reader can catch a file that
@@ -34,8 +34,17 @@ class Channel(filesystem.Channel):
             raise ChannelError(f"Cannot add file {final!r} to directory") from exc
 
 
+# Celery's loop for a polling transport waits up to 2 s per drain before it looks whether the worker
+# should stop; shorter drains make a stopping embedded worker stop at once, for a few more polls.
+MAX_DRAIN_S = 0.2
+
+
 class Transport(filesystem.Transport):
     Channel = Channel
+
+    def drain_events(self, connection: Any, timeout: float | None = None) -> Any:
+        return super().drain_events(connection, timeout=MAX_DRAIN_S if timeout is None
+                                    else min(timeout, MAX_DRAIN_S))
 
 
 TRANSPORT = f"{__name__}:Transport"
