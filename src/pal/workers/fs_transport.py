@@ -42,10 +42,9 @@ MAX_DRAIN_S = 0.2
 class Transport(filesystem.Transport):
     Channel = Channel
 
-    def drain_events(self, connection: Any, **kwargs: Any) -> Any:
-        timeout = kwargs.get("timeout")
-        kwargs["timeout"] = MAX_DRAIN_S if timeout is None else min(timeout, MAX_DRAIN_S)
-        return super().drain_events(connection, **kwargs)  # type: ignore[no-untyped-call]
+    def drain_events(self, connection: Any, timeout: Any = None) -> Any:
+        short = MAX_DRAIN_S if timeout is None else min(timeout, MAX_DRAIN_S)
+        return super().drain_events(connection, timeout=short)  # type: ignore[no-untyped-call]
 
 
 TRANSPORT = f"{__name__}:Transport"
