@@ -42,7 +42,8 @@ MAX_DRAIN_S = 0.2
 class Transport(filesystem.Transport):
     Channel = Channel
 
-    def drain_events(self, connection: Any, timeout: Any = None) -> Any:
+    # kombu types this method two ways (base: **kwargs, virtual: timeout); we follow the virtual one.
+    def drain_events(self, connection: Any, timeout: Any = None) -> Any:  # type: ignore[override]
         short = MAX_DRAIN_S if timeout is None else min(timeout, MAX_DRAIN_S)
         return super().drain_events(connection, timeout=short)  # type: ignore[no-untyped-call]
 
