@@ -27,6 +27,8 @@ DEFAULT_RECOVERY_INTERVAL_SECONDS = 30.0
 DEFAULT_FILESYSTEM_POLL_SECONDS = 0.02
 DEFAULT_MAX_GRAPH_BYTES = 1_000_000
 DEFAULT_MAX_INPUT_BYTES = 1_000_000
+DEFAULT_MAX_OUTPUT_BYTES = 1_000_000
+DEFAULT_MAX_JSON_DEPTH = 64
 DEFAULT_VISIBILITY_TIMEOUT_SECONDS = 3600
 DEFAULT_PROVIDER_TIMEOUT_SECONDS = 60.0
 DEFAULT_DELIVERY_TIMEOUT_SECONDS = 30.0
@@ -51,6 +53,8 @@ class Settings:
     worker_concurrency: int | None
     max_graph_bytes: int
     max_input_bytes: int
+    max_output_bytes: int
+    max_json_depth: int
     filesystem_poll: float
     openai_base_url: str
     anthropic_base_url: str
@@ -140,6 +144,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     PAL_WORKER_CONCURRENCY   processes per `pal worker` (default: Celery's, the CPU count)
     PAL_MAX_GRAPH_BYTES      largest accepted graph document (default 1,000,000 bytes)
     PAL_MAX_INPUT_BYTES      largest accepted run input as JSON (default 1,000,000 bytes)
+    PAL_MAX_OUTPUT_BYTES     largest step output journaled, as JSON (default 1,000,000 bytes)
+    PAL_MAX_JSON_DEPTH       deepest nesting of lists and objects in graphs, inputs, outputs (default 64)
     PAL_FILESYSTEM_POLL      poll period of the embedded broker (default 20ms)
     PAL_OPENAI_BASE_URL      OpenAI API base URL (default: the SDK's, or OPENAI_BASE_URL)
     PAL_ANTHROPIC_BASE_URL   Anthropic API base URL (default: the SDK's, or ANTHROPIC_BASE_URL)
@@ -174,6 +180,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         ),
         max_graph_bytes=_int(env, "PAL_MAX_GRAPH_BYTES", DEFAULT_MAX_GRAPH_BYTES),
         max_input_bytes=_int(env, "PAL_MAX_INPUT_BYTES", DEFAULT_MAX_INPUT_BYTES),
+        max_output_bytes=_int(env, "PAL_MAX_OUTPUT_BYTES", DEFAULT_MAX_OUTPUT_BYTES),
+        max_json_depth=_int(env, "PAL_MAX_JSON_DEPTH", DEFAULT_MAX_JSON_DEPTH),
         filesystem_poll=_positive_float(
             env, "PAL_FILESYSTEM_POLL", DEFAULT_FILESYSTEM_POLL_SECONDS
         ),

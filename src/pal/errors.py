@@ -63,6 +63,12 @@ class StepError(PalError):
     error_class = "tool"
 
 
+class OutputTooLarge(StepError):
+    """A step's output is over PAL_MAX_OUTPUT_BYTES or PAL_MAX_JSON_DEPTH; nothing of it is journaled."""
+
+    code = "output_too_large"
+
+
 class ProviderError(StepError):
     """The model provider refused or failed the call."""
 

@@ -114,10 +114,14 @@ def load_graph_text(text: str, *, max_bytes: int | None = None) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         pass
+    except RecursionError as exc:  # nested brackets, far past any real graph (PAL_MAX_JSON_DEPTH)
+        raise GraphError(["graph document nests too deeply to decode"]) from exc
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise GraphError([f"graph is neither JSON nor YAML: {exc}"]) from exc
+    except RecursionError as exc:
+        raise GraphError(["graph document nests too deeply to decode"]) from exc
 
 
 def parse_graph(

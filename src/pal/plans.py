@@ -11,9 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pal.config import DEFAULT_MAX_JSON_DEPTH
 from pal.errors import GraphError
 from pal.graph import load_graph_text, parse_graph
 from pal.interpreter import GraphProgram, Program
+from pal.limits import depth_problem
 from pal.llm_runs import is_llm_document, parse_llm_spec
 
 
@@ -25,10 +27,14 @@ class Plan:
     program: Program
 
 
-def parse_plan(document: Any, *, known_tools: frozenset[str] | None, max_bytes: int | None = None) -> Plan:
+def parse_plan(document: Any, *, known_tools: frozenset[str] | None, max_bytes: int | None = None,
+               max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Plan:
     """Validate a graph or plain-LLM document; GraphError lists every problem."""
     if isinstance(document, str):
         document = load_graph_text(document, max_bytes=max_bytes)
+    problem = depth_problem(document, max_depth, "the document")
+    if problem:
+        raise GraphError([problem])
     if is_llm_document(document):
         size = len(json.dumps(document, default=str).encode())
         if max_bytes is not None and size > max_bytes:

@@ -8,8 +8,10 @@ import re
 import uuid
 from typing import Any
 
+from pal.config import DEFAULT_MAX_JSON_DEPTH
 from pal.errors import InputError
 from pal.journal import RunRecord
+from pal.limits import depth_problem
 from pal.plans import parse_plan
 from pal.runtime import Runtime
 from pal.steps import utcnow
@@ -22,8 +24,11 @@ def new_run_id() -> str:
     return f"run_{uuid.uuid4().hex}"
 
 
-def check_run_input(run_input: Any, max_bytes: int) -> Any:
-    """The input as it will be stored; InputError when it is not JSON or too large."""
+def check_run_input(run_input: Any, max_bytes: int, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Any:
+    """The input as it will be stored; InputError when it is not JSON, too large or too deep."""
+    problem = depth_problem(run_input, max_depth, "run input")
+    if problem:
+        raise InputError(problem)
     try:
         text = json.dumps(run_input, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -51,8 +56,9 @@ def start_run(
     if run_id is not None and (not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id)):
         raise InputError(f"run id {run_id!r} is invalid: 1-128 letters, digits, _ . : - "
                          "starting with a letter or digit")
-    run_input = check_run_input(run_input, settings.max_input_bytes)
-    plan = parse_plan(graph, known_tools=registered_tools(), max_bytes=settings.max_graph_bytes)
+    run_input = check_run_input(run_input, settings.max_input_bytes, settings.max_json_depth)
+    plan = parse_plan(graph, known_tools=registered_tools(), max_bytes=settings.max_graph_bytes,
+                      max_depth=settings.max_json_depth)
     record, created = rt.journal.create_run(
         run_id=run_id or new_run_id(), tenant_id=tenant_id or settings.tenant, kind=plan.kind,
         graph=plan.document, graph_hash=plan.hash, run_input=run_input, now=utcnow(),
@@ -73,8 +79,9 @@ def start_child_run(rt: Runtime, parent_run_id: str, step_id: str, attempt: int,
                     child_input: Any) -> str:
     """Create (or find) the child run of a subagent step and publish its first step."""
     parent = rt.journal.get_run(parent_run_id)
-    child_input = check_run_input(child_input, rt.settings.max_input_bytes)
-    plan = parse_plan(document, known_tools=registered_tools(), max_bytes=rt.settings.max_graph_bytes)
+    child_input = check_run_input(child_input, rt.settings.max_input_bytes, rt.settings.max_json_depth)
+    plan = parse_plan(document, known_tools=registered_tools(), max_bytes=rt.settings.max_graph_bytes,
+                      max_depth=rt.settings.max_json_depth)
     record, created = rt.journal.create_run(
         run_id=child_run_id(parent_run_id, step_id, attempt), tenant_id=parent.tenant_id, kind=plan.kind,
         graph=plan.document, graph_hash=plan.hash, run_input=child_input, now=utcnow(),

@@ -17,9 +17,11 @@ from types import TracebackType
 from typing import Any
 
 from pal import faults, retry
-from pal.errors import LeaseLost, PalError, StepError
+from pal.config import Settings
+from pal.errors import LeaseLost, OutputTooLarge, PalError, StepError
 from pal.interpreter import Program
 from pal.journal import ClaimOutcome, RunRecord
+from pal.limits import depth_problem
 from pal.nodes import NodeResult, StepContext, idempotency_key
 from pal.nodes.base import Park, Receipt
 from pal.runtime import Runtime
@@ -106,6 +108,17 @@ def error_of(exc: BaseException) -> dict[str, Any]:
             "class": retry.error_class(exc)}
 
 
+def _check_output(output: Any, settings: Settings) -> None:
+    """A non-JSON, oversized or too deeply nested output fails the step here, not the journal later."""
+    problem = depth_problem(output, settings.max_json_depth, "the step's output")
+    if problem:
+        raise OutputTooLarge(problem)
+    size = len(json.dumps(output).encode())
+    if size > settings.max_output_bytes:
+        raise OutputTooLarge(f"the step's output is {size} bytes, over the limit of "
+                             f"{settings.max_output_bytes} (PAL_MAX_OUTPUT_BYTES)")
+
+
 def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> StepResult:
     """Run one step of one run, exactly as one `pal.execute_node` message asks."""
     settings, journal, worker_id = rt.settings, rt.journal, rt.worker_id
@@ -139,7 +152,7 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
             if not isinstance(result, NodeResult | Park):
                 result = NodeResult(result)
             if isinstance(result, NodeResult):
-                json.dumps(result.output)  # a non-JSON output fails the step here, not the journal later
+                _check_output(result.output, settings)
     except LeaseLost:
         log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
         return StepResult("fenced")

@@ -158,3 +158,35 @@ def test_pal_tokens_create_list_revoke(processes: Processes, postgres_backend: B
     bad = pal("tokens", "create", "--tenant", "no spaces please")
     assert bad.returncode == 2 and "tenant" in bad.stderr
     client.close()
+
+
+def test_hostile_bodies_and_parameters_are_refused_and_write_nothing(api: Api, tmp_path: Path) -> None:
+    graph = linear(tmp_path / "c.log", 1)
+    deep = "[" * 100 + "]" * 100
+    raw = {"content-type": "application/json"}
+    cases: list[tuple[str, str, dict[str, Any]]] = [
+        ("POST", "/v1/runs", {"content": "{not json", "headers": raw}),
+        ("POST", "/v1/runs", {"content": "[" * 100_000 + "]" * 100_000, "headers": raw}),
+        ("POST", "/v1/runs", {"content": "\xff\xfe", "headers": raw}),
+        ("POST", "/v1/runs", {"json": [graph]}),
+        ("POST", "/v1/runs", {"json": {"graph": "nodes: []"}}),
+        ("POST", "/v1/runs", {"json": {"graph": graph, "run_id": 42}}),
+        ("POST", "/v1/runs", {"json": {"graph": graph, "run_id": "has spaces"}}),
+        ("POST", "/v1/runs", {"content": f'{{"graph": {json.dumps(graph)}, "input": {deep}}}', "headers": raw}),
+        ("POST", "/v1/runs", {"json": {"graph": graph, "input": "x" * 1_100_000}}),
+        ("POST", "/v1/runs", {"json": {"graph": {**graph, "nodes": [*graph["nodes"], {
+            "id": "evil", "type": "tool", "data": {"tool": "echo", "args": {"x": "{{ self.__init__ }}"}}}]}}}),
+        ("GET", "/v1/runs?limit=abc", {}),
+        ("GET", "/v1/runs?offset=-1", {}),
+        ("GET", "/v1/runs?limit=100000", {}),
+        ("POST", "/v1/runs/nope/approve/gate", {"json": {"comment": ["a"]}}),
+        ("POST", "/v1/runs/nope/approve/gate", {"json": {"approval_hash": 7}}),
+        ("POST", "/v1/runs/nope/cancel", {"json": {"reason": {"a": 1}}}),
+        ("GET", "/v1/runs/nope/events", {"headers": {"Last-Event-ID": "-3"}}),
+    ]
+    for method, path, kwargs in cases:
+        reply = api.call(method, path, api.token, **kwargs)
+        assert reply.status_code in (400, 404, 413, 422), (method, path, reply.status_code, reply.text[:300])
+        assert "Traceback" not in reply.text
+        assert reply.headers["content-type"].startswith("application/json"), (path, reply.text[:200])
+    assert api.get("/v1/runs").json()["runs"] == []  # nothing was written

@@ -16,6 +16,7 @@ from pal.database import create_engine
 from pal.errors import GraphError, InputError
 from pal.schema import journal_events, run_locks, runs, side_effect_receipts
 from tests.conftest import Backend
+from tests.support.workers import in_process_worker
 
 T = {"id": "t", "type": "trigger"}
 
@@ -163,6 +164,18 @@ def pal(args: list[str], backend: Backend, cwd: Path) -> subprocess.CompletedPro
         (["runs", "events", "run_nope"], 3, "no run 'run_nope'"),
         (["runs", "list", "--status", "sleeping"], 2, "unknown status 'sleeping'"),
         (["runs", "list", "--limit", "0"], 2, "Invalid value"),
+        (["runs", "list", "--limit", "abc"], 2, "Invalid value"),
+        (["run", "GRAPH", "--input", "DEEP"], 2, "more than 64 levels deep (PAL_MAX_JSON_DEPTH)"),
+        (["run", "DEEPGRAPH"], 2, "nests too deeply"),
+        (["runs", "approve", "run_nope", "gate"], 3, "no run 'run_nope'"),
+        (["runs", "reject", "run_nope", "gate", "--comment", "x"], 3, "no run 'run_nope'"),
+        (["runs", "approve"], 2, "Missing argument"),
+        (["runs", "cancel", "run_nope"], 3, "no run 'run_nope'"),
+        (["runs", "resume", "run_nope"], 3, "no run 'run_nope'"),
+        (["runs", "approvals", "run_nope"], 3, "no run 'run_nope'"),
+        (["tokens", "create", "--tenant", "bad!tenant"], 2, "tenant 'bad!tenant' is invalid"),
+        (["tokens", "revoke", "tok_nope"], 3, "no live token 'tok_nope'"),
+        (["doctor", "--json", "extra"], 2, "unexpected extra argument"),
     ],
 )
 def test_cli_refuses_bad_input_with_a_clear_message(
@@ -170,7 +183,9 @@ def test_cli_refuses_bad_input_with_a_clear_message(
 ) -> None:
     (tmp_path / "graph.json").write_text(json.dumps(VALID))
     (tmp_path / "bad.yaml").write_text("nodes:\n  - {id: t, type: trigger}\n  - {id: a, type: teleport}\n")
-    args = [{"GRAPH": "graph.json", "BADGRAPH": "bad.yaml"}.get(a, a) for a in args]
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    args = [{"GRAPH": "graph.json", "BADGRAPH": "bad.yaml", "DEEPGRAPH": "deep.json",
+             "DEEP": "[" * 100 + "]" * 100}.get(a, a) for a in args]
     result = pal(args, postgres_backend, tmp_path)
     assert result.returncode == code, result.stderr
     assert message in result.stderr
@@ -179,3 +194,25 @@ def test_cli_refuses_bad_input_with_a_clear_message(
     with engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(runs)).scalar_one() == 0
     engine.dispose()
+
+
+def test_an_output_over_the_limits_fails_its_step_and_is_never_journaled(backend: Backend) -> None:
+    settings = backend.settings.with_(max_output_bytes=2000, max_json_depth=8)
+    client = Client(settings)
+    big = graph(T, {"id": "a", "type": "tool", "data": {"tool": "blob", "args": {"size": 5000}}},
+                edges=[e("t", "a")])
+    deep = graph(T, {"id": "a", "type": "tool", "data": {"tool": "deep", "args": {"depth": 50}}},
+                 edges=[e("t", "a")])
+    small = graph(T, {"id": "a", "type": "tool", "data": {"tool": "blob", "args": {"size": 100}}},
+                  edges=[e("t", "a")])
+    with in_process_worker(client):
+        runs_ = {name: client.wait(client.start_run(g, {}), timeout=60)
+                 for name, g in (("big", big), ("deep", deep), ("small", small))}
+    assert runs_["small"].status == "succeeded"
+    assert runs_["big"].status == "failed" and runs_["big"].error["code"] == "output_too_large"
+    assert "over the limit of 2000 (PAL_MAX_OUTPUT_BYTES)" in runs_["big"].error["message"]
+    assert runs_["deep"].status == "failed" and "PAL_MAX_JSON_DEPTH" in runs_["deep"].error["message"]
+    for name in ("big", "deep"):
+        stored = json.dumps([ev.payload for ev in client.events(runs_[name].id)])
+        assert "x" * 1000 not in stored and "[[[[[[[[[[" not in stored
+    client.close()

@@ -58,3 +58,18 @@ def flaky(path: str, label: str, failures: int, error: str = "tool") -> dict[str
             raise TimeoutError(f"{label}: call {made} timed out")
         raise RuntimeError(f"{label}: call {made} failed")
     return {"label": label, "calls": made}
+
+
+@tool(name="blob")
+def blob(size: int) -> dict[str, Any]:
+    """An output of about `size` bytes: a tool that returns far too much."""
+    return {"data": "x" * int(size)}
+
+
+@tool(name="deep")
+def deep(depth: int) -> Any:
+    """An output nested `depth` lists deep."""
+    value: Any = 1
+    for _ in range(int(depth)):
+        value = [value]
+    return value
