@@ -135,3 +135,12 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 @pytest.fixture
 def counter(tmp_path: Path) -> Path:
     return tmp_path / "calls.log"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from tests.support.report import FIGURES
+
+    if FIGURES:
+        terminalreporter.section("reliability figures")
+        for line in FIGURES:
+            terminalreporter.write_line(line)

@@ -35,6 +35,7 @@ from pal.nodes import idempotency_key
 from tests.conftest import REDIS_URL, Backend, fresh_schema, migrated_postgres_backend
 from tests.support.graphs import counted, edge, single
 from tests.support.processes import Processes
+from tests.support.report import record
 from tests.support.servers import FakeModelServer, SmtpReceiver, WebhookReceiver
 from tests.support.tools import calls
 
@@ -206,8 +207,9 @@ def matrix(module_backend: Backend, tmp_path_factory: pytest.TempPathFactory) ->
             for cell, o in outcomes.items():
                 print(f"  {cell.kind:9} {cell.point:22} {o.status:9} effects={o.effects} "
                       f"recovered={o.recovered} fired={o.fired}")
-            print(f"crash matrix: {kills} SIGKILLs, {sum(o.recovered for o in outcomes.values())} recoveries, "
-                  f"{len(found)} violations")
+            recoveries = sum(o.recovered for o in outcomes.values())
+            record(f"crash matrix: {len(CELLS)} cells, {kills} SIGKILLs, {recoveries} recoveries, "
+                   f"{len(found)} violations")
             yield Matrix(outcomes, doctor, kills)
         finally:
             procs.stop_all()

@@ -2,8 +2,8 @@
 and restarts Postgres once; at the end every run is terminal, `pal doctor` is clean, and no effect
 that PAL promises to make once happened twice.
 
-Bounded: PAL_SOAK_DURATION (default 45s, about a minute in all; `make soak DURATION=10m`) of chaos, PAL_SOAK_RUNS runs per
-minute of it (default 200), then a bounded wait for the last runs. PAL_SOAK_SEED replays a failure:
+Bounded: PAL_SOAK_DURATION of chaos (default 45s, about a minute in all; `make soak DURATION=10m`),
+PAL_SOAK_RUNS runs per 45 s of it (default 200), then a bounded wait for the last runs. PAL_SOAK_SEED replays a failure:
 the seed is printed first, and it decides the kill times, which worker dies, and the inputs.
 """
 
@@ -32,6 +32,7 @@ from pal.nodes import idempotency_key
 from tests.conftest import Backend, fresh_schema, migrated_postgres_backend
 from tests.support.graphs import edge
 from tests.support.processes import Processes
+from tests.support.report import record
 from tests.support.servers import FakeModelServer, WebhookReceiver
 from tests.support.tools import calls
 
@@ -103,10 +104,10 @@ def _chaos_step(rng: random.Random, procs: Processes, workers: dict[str, subproc
 def test_soak_under_sigkill_redis_flush_and_postgres_restart(
         soak_backend: Backend, tmp_path: Path, pg_admin: sa.Engine) -> None:
     duration = parse_go_duration(os.environ.get("PAL_SOAK_DURATION", "45s"))
-    per_minute = int(os.environ.get("PAL_SOAK_RUNS", "200"))
+    per_default = int(os.environ.get("PAL_SOAK_RUNS", "200"))
     seed = int(os.environ.get("PAL_SOAK_SEED") or random.SystemRandom().randrange(1, 2**31))
-    total = max(1, round(per_minute * duration / 60))
-    print(f"\nsoak: seed {seed} (replay with PAL_SOAK_SEED={seed}), {duration:.0f}s of chaos, {total} runs")
+    total = max(1, round(per_default * duration / 45))
+    record(f"soak: seed {seed} (replay with PAL_SOAK_SEED={seed}), {duration:.0f}s of chaos, {total} runs")
     rng = random.Random(seed)
     log = tmp_path / "effects.log"
     procs = Processes(soak_backend, tmp_path)
@@ -149,8 +150,8 @@ def test_soak_under_sigkill_redis_flush_and_postgres_restart(
                 stop_process(process)
         report = _report(client, run_ids, model, strict, idempotent, log)
     client.close()
-    print("soak chaos:", "; ".join(chaos.log))
-    print(f"soak: runs {len(run_ids)} (+{report['children']} children), succeeded {report['succeeded']}, "
+    record("soak chaos: " + "; ".join(chaos.log))
+    record(f"soak: runs {len(run_ids)} (+{report['children']} children), succeeded {report['succeeded']}, "
           f"failed in doubt {report['in_doubt']}, kills {chaos.kills}, redis flushes {chaos.redis_flushes}, "
           f"postgres restarts {chaos.postgres_restarts}, recoveries {report['recoveries']}, "
           f"tool re-executions {report['tool_repeats']}, violations {len(json.loads(doctor.stdout or '[]'))}")
