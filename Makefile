@@ -36,8 +36,11 @@ DURATION ?= 45s
 soak: $(STAMP)
 	PAL_SOAK_DURATION=$(DURATION) PAL_SOAK_SEED=$(SEED) $(BIN)/pytest -s tests/soak
 
+# Every benchmark and its peers (DBOS included) in one run; rewrites the results block of
+# docs/benchmarks.md. Not part of `make test`. QUICK=1 for a smoke run.
 bench: $(STAMP)
-	$(BIN)/python bench/throughput.py
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python bench/all.py $(if $(QUICK),--quick,)
 
 clean:
 	rm -rf $(VENV) .pal .mypy_cache .ruff_cache

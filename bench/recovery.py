@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import signal
 import statistics
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=20, help="workers to kill (default 20)")
     parser.add_argument("--lease-ttl", default="2s", help="PAL_LEASE_TTL (default 2s)")
     parser.add_argument("--interval", default="1s", help="PAL_RECOVERY_INTERVAL (default 1s)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     if not 1 <= args.kills <= 200:
         parser.error("--kills must be between 1 and 200")
@@ -160,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"recovery latency (s): min {min(latencies):.2f}  median {statistics.median(latencies):.2f}  "
           f"p95 {p95:.2f}  max {max(latencies):.2f}")
     met = p95 <= bound
+    if args.json:
+        args.json.write_text(json.dumps({"lease_ttl_s": ttl, "interval_s": interval, "kills": len(latencies),
+                                         "median_s": statistics.median(latencies), "p95_s": p95,
+                                         "max_s": max(latencies), "bound_s": bound}, indent=2))
     print(f"bound PAL_LEASE_TTL + PAL_RECOVERY_INTERVAL + 2s = {bound:.2f}s: p95 "
           f"{'within' if met else 'NOT within'} the bound")
     return 0 if met else 1

@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--subscribers", type=int, default=100)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     infra = Infra()
     infra.check()
@@ -163,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"SSE, {args.subscribers} subscribers:      {describe(sse)}")
             print(f"polling every {POLL_PERIOD * 1000:.0f} ms (peer):  {describe(polled)}")
             print(f"ratio SSE / polling: p50 {statistics.median(sse) / statistics.median(polled):.2f}x")
+            if args.json:
+                args.json.write_text(json.dumps({
+                    "subscribers": args.subscribers, "sse_p50_ms": 1000 * statistics.median(sse),
+                    "poll_p50_ms": 1000 * statistics.median(polled)}, indent=2))
             client.close()
         finally:
             for process in processes:

@@ -1,0 +1,154 @@
+"""`make bench`: every PAL benchmark and its peers in one run, then the results table in
+docs/benchmarks.md (between the `make bench` markers).
+
+    .venv/bin/python bench/all.py [--reps N] [--quick] [--no-write]
+
+Runs, one after the other on the local Postgres and Redis (127.0.0.1 only), each in its own process:
+  bench/throughput.py  PAL against raw Celery and the two-commits-per-hop floor (linear, concurrent)
+  bench/dbos_peer.py   DBOS on the same Postgres (the same two scenarios)
+  bench/scale.py       sweep pass at 1,000,000 finished runs, replay of 10,000 steps, worker memory
+  bench/recovery.py    recovery latency after SIGKILL
+  bench/sse.py         SSE latency against clients polling the journal
+Ratios are PAL / peer, both measured in this run; medians over --reps repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- make bench: begin -->", "<!-- make bench: end -->"
+STEP_TIMEOUT_S = 3600  # one benchmark script may take this long before the run is abandoned
+
+
+def run_script(name: str, args: list[str], folder: Path) -> dict[str, Any] | None:
+    """Run bench/<name>.py with --json; its result, or None (and why, on stderr) when it failed."""
+    out = folder / f"{name}.json"
+    command = [sys.executable, str(REPO / "bench" / f"{name}.py"), *args, "--json", str(out)]
+    print(f"== {name}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    began = time.monotonic()
+    result = subprocess.run(command, cwd=REPO, timeout=STEP_TIMEOUT_S)
+    print(f"== {name}: exit {result.returncode} after {time.monotonic() - began:.0f}s", file=sys.stderr)
+    if not out.exists():
+        return None
+    loaded: dict[str, Any] = json.loads(out.read_text())
+    return loaded
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "n/a"
+
+
+def _num(value: Any, spec: str = ".1f") -> str:
+    return format(value, spec) if isinstance(value, int | float) else "n/a"
+
+
+def _scenario(throughput: dict[str, Any] | None, prefix: str) -> dict[str, Any]:
+    for row in (throughput or {}).get("table", []):
+        if row["scenario"].startswith(prefix):
+            return dict(row)
+    return {}
+
+
+def _target(met: bool | None) -> str:
+    return "n/a" if met is None else ("met" if met else "**missed**")
+
+
+HEADER = ("| scenario | PAL | raw Celery | floor (2 commits/hop) | DBOS | PAL / floor | PAL / DBOS "
+          "| target |\n|---|---:|---:|---:|---:|---:|---:|---|")
+
+
+def throughput_rows(throughput: dict[str, Any] | None, dbos: dict[str, Any]) -> list[str]:
+    rows = []
+    for key, want_dbos in (("linear", 1.0), ("concurrent", 1.2)):
+        row = _scenario(throughput, key)
+        pal, floor, peer = row.get("pal"), row.get("floor"), (dbos.get(key) or {}).get("median")
+        met = None if not (pal and floor and peer) else (pal / floor >= 0.9 and pal / peer >= want_dbos)
+        rows.append(f"| {row.get('scenario', key)} | {_num(pal)} | {_num(row.get('raw'))} | {_num(floor)} "
+                    f"| {_num(peer)} | {_ratio(pal, floor)} | {_ratio(pal, peer)} "
+                    f"| >= 0.9x floor, >= {want_dbos}x DBOS: {_target(met)} |")
+    return rows
+
+
+def _below(value: Any, bound: float) -> str:
+    return _target(None if not isinstance(value, int | float) else value < bound)
+
+
+def measure_rows(scale: dict[str, Any], recovery: dict[str, Any], sse: dict[str, Any]) -> list[str]:
+    sweep, replay, rss = (scale.get(k) for k in ("sweep_pass_ms", "replay_redrive_ms", "worker_rss_mb"))
+    finished, in_flight = _num(scale.get("finished_runs"), ","), _num(scale.get("in_flight_runs"), ",")
+    sizes = f"{finished} finished + {in_flight} in flight"
+    p95, bound = _num(recovery.get("p95_s"), ".2f"), _num(recovery.get("bound_s"), ".1f")
+    sse_ms, poll_ms = sse.get("sse_p50_ms"), sse.get("poll_p50_ms")
+    return ["| measure | value | target |", "|---|---:|---|",
+            f"| sweep pass, {sizes} | {_num(sweep)} ms | < 50 ms: {_below(sweep, 50)} |",
+            f"| orphan query alone | {_num(scale.get('sweep_query_ms'))} ms | |",
+            f"| replay (re-drive) of a {_num(scale.get('replay_steps'), ',')}-step run | {_num(replay)} ms "
+            f"| < 1000 ms: {_below(replay, 1000)} |",
+            f"| next step after that replay | {_num(scale.get('replay_next_step_ms'))} ms | |",
+            f"| worker RSS after a 300-node run | {_num(rss)} MB | < 150 MB: {_below(rss, 150)} |",
+            f"| recovery after SIGKILL, p95 of {recovery.get('kills', 'n/a')} kills | {p95} s "
+            f"| <= lease + interval + 2 s = {bound} s |",
+            f"| SSE p50, {sse.get('subscribers', 'n/a')} subscribers | {_num(sse_ms)} ms "
+            f"| {_ratio(sse_ms, poll_ms)} of polling's {_num(poll_ms)} ms |"]
+
+
+def report(results: dict[str, dict[str, Any] | None], reps: int, quick: bool) -> str:
+    """The markdown block written into docs/benchmarks.md."""
+    sized = " (--quick sizes)" if quick else ""
+    lines = [f"Generated by `make bench` on {datetime.date.today().isoformat()}, {reps} rep(s){sized}; "
+             "steps/s are medians, ratios PAL / peer in the same run.", "", HEADER,
+             *throughput_rows(results.get("throughput"), results.get("dbos_peer") or {}), "",
+             *measure_rows(*(results.get(k) or {} for k in ("scale", "recovery", "sse")))]
+    failed = [name for name, value in results.items() if value is None]
+    if failed:
+        lines += ["", f"Did not produce results in this run: {', '.join(failed)} (see the run's output)."]
+    return "\n".join(lines)
+
+
+def write_doc(block: str) -> None:
+    text = DOC.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{DOC} lacks the markers {BEGIN} ... {END}")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    DOC.write_text(f"{head}{BEGIN}\n{block}\n{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per measurement (default 3)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, 1 rep: a smoke test")
+    parser.add_argument("--no-write", action="store_true", help="print the table, leave docs/ alone")
+    args = parser.parse_args(argv)
+    reps = 1 if args.quick else args.reps
+    if not 1 <= reps <= 20:
+        parser.error("--reps must be between 1 and 20")
+    sized = ["--quick"] if args.quick else ["--reps", str(reps)]
+    plan: list[tuple[str, list[str]]] = [
+        ("throughput", [*sized, "--no-anatomy"]), ("dbos_peer", sized), ("scale", sized),
+        ("recovery", ["--kills", "5" if args.quick else "20"]),
+        ("sse", ["--subscribers", "20" if args.quick else "100"]),
+    ]
+    with tempfile.TemporaryDirectory(prefix="palbench-all-") as folder:
+        results = {name: run_script(name, script_args, Path(folder)) for name, script_args in plan}
+    block = report(results, reps, args.quick)
+    print(block)
+    if not args.no_write:
+        write_doc(block)
+        print(f"\nwritten to {DOC.relative_to(REPO)}", file=sys.stderr)
+    return 0 if all(results.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
