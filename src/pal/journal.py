@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +45,8 @@ Frontier = Callable[[Mapping[str, Any]], Sequence[str]]
 """frontier(completed): the steps a plan finds ready (in flight or waiting), as in a re-drive."""
 PARKED = "waiting"  # worker_id of a parked run's lock row: a wake-up timer, not a lease
 WAIT_RECHECK_SECONDS = 600.0  # a parked run is looked at again at least this often
+GRAPH_CACHE_SIZE = 128  # plan documents kept decoded per process
+OUTPUT_CACHE_RUNS = 64  # runs whose completed outputs are kept decoded per process
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,13 @@ class Journal:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # Read-through caches of immutable journal data, so a step does not decode the whole graph
+        # and every earlier output again: a plan's document by (kind, hash), and each completed
+        # step's output by its step_completed row (one per step, never updated; keyed by seq, so
+        # a rolled-back insert can never be mistaken for the row that finally committed).
+        self._graphs: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._outputs: OrderedDict[str, dict[tuple[str, int], Any]] = OrderedDict()
+        self._cache_lock = threading.Lock()  # workers and the API share one Journal across threads
         self._insert: Callable[..., Any] = (
             postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         )
@@ -248,21 +259,19 @@ class Journal:
             run = self._run(conn, run_id)
             if run.terminal:
                 return Claim(ClaimOutcome.TERMINAL, run)
-            rows = conn.execute(
-                sa.select(journal_events.c.step_id, journal_events.c.kind,
-                          journal_events.c.payload)
-                .where(journal_events.c.run_id == run_id,
-                       journal_events.c.kind.in_(("step_completed", "step_retrying", "step_waiting")))
-                .order_by(journal_events.c.seq)
-            ).all()
-            completed = {r.step_id: r.payload.get("output") for r in rows
-                         if r.kind == "step_completed"}
+            completed = self._completed(conn, run_id)
             if step_id in completed:
                 return Claim(ClaimOutcome.COMPLETED, run)
-            if any(r.kind == "step_waiting" and r.step_id == step_id for r in rows):
+            rows = conn.execute(
+                sa.select(journal_events.c.kind, journal_events.c.payload)
+                .where(journal_events.c.run_id == run_id, journal_events.c.step_id == step_id,
+                       journal_events.c.kind.in_(("step_retrying", "step_waiting")))
+                .order_by(journal_events.c.seq)
+            ).all()
+            if any(r.kind == "step_waiting" for r in rows):
                 return Claim(ClaimOutcome.WAITING, run)  # parked: only a decision or its child resumes it
             # The attempt comes from the journal: a crash mid-attempt resumes the same attempt.
-            retries = [r.payload for r in rows if r.kind == "step_retrying" and r.step_id == step_id]
+            retries = [r.payload for r in rows if r.kind == "step_retrying"]
             attempt = 1 + len(retries)
             if retries and retries[-1].get("wake_at"):
                 due = datetime.fromisoformat(retries[-1]["wake_at"])
@@ -369,8 +378,9 @@ class Journal:
             lock = conn.execute(
                 sa.select(run_locks).where(run_locks.c.run_id == run_id).with_for_update()
             ).mappings().first()
-            run = _run_record(conn.execute(sa.select(runs).where(runs.c.id == run_id).with_for_update())
-                              .mappings().first() or _missing(run_id))
+            row = (conn.execute(sa.select(runs).where(runs.c.id == run_id).with_for_update())
+                   .mappings().first() or _missing(run_id))
+            run = _run_record(row, row["graph"])
             if run.terminal:
                 raise Refused(f"run {run_id} is {run.status}; nothing waits there any more")
             if lock is None:
@@ -441,7 +451,7 @@ class Journal:
         with self._tx() as conn:
             rows = conn.execute(sa.select(runs).where(runs.c.parent_run_id == run_id)
                                 .order_by(runs.c.created_at)).mappings()
-            return [_run_record(r) for r in rows]
+            return [_run_record(r, r["graph"]) for r in rows]
 
     def cancel_run(self, *, run_id: str, now: datetime, by: str, reason: str | None) -> list[str]:
         """Cancel the run and every descendant that is not finished, in one transaction: each
@@ -789,7 +799,7 @@ class Journal:
         if status is not None:
             query = query.where(runs.c.status == status)
         with self._tx() as conn:
-            return [_run_record(r) for r in conn.execute(query.offset(offset)).mappings()]
+            return [_run_record(r, r["graph"]) for r in conn.execute(query.offset(offset)).mappings()]
 
     def events(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
         query = (
@@ -918,18 +928,47 @@ class Journal:
         )
 
     def _completed(self, conn: sa.Connection, run_id: str) -> dict[str, Any]:
-        rows = conn.execute(
-            sa.select(journal_events.c.step_id, journal_events.c.payload).where(
-                journal_events.c.run_id == run_id, journal_events.c.kind == "step_completed"
-            )
-        )
-        return {r.step_id: r.payload.get("output") for r in rows}
+        """Every completed step's output, as this transaction sees the journal; payloads are decoded
+        once per process (step ids and seqs are read each time, outputs only when new)."""
+        je = journal_events
+        done = conn.execute(sa.select(je.c.step_id, je.c.seq).where(
+            je.c.run_id == run_id, je.c.kind == "step_completed")).all()
+        with self._cache_lock:
+            cached = dict(self._outputs.get(run_id) or {})
+        missing = [r.seq for r in done if (r.step_id, r.seq) not in cached]
+        for chunk in (missing[i:i + 500] for i in range(0, len(missing), 500)):
+            query = sa.select(je.c.step_id, je.c.seq, je.c.payload).where(je.c.seq.in_(chunk))
+            for row in conn.execute(query):
+                cached[(row.step_id, row.seq)] = row.payload.get("output")
+        with self._cache_lock:
+            self._outputs[run_id] = cached
+            self._outputs.move_to_end(run_id)  # most recently used last
+            while len(self._outputs) > OUTPUT_CACHE_RUNS:
+                self._outputs.popitem(last=False)
+        return {r.step_id: cached[(r.step_id, r.seq)] for r in done}
 
     def _run(self, conn: sa.Connection, run_id: str) -> RunRecord:
-        row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().first()
+        columns = [c for c in runs.c if c.name != "graph"]
+        row = conn.execute(sa.select(*columns).where(runs.c.id == run_id)).mappings().first()
         if row is None:
             raise RunNotFound(f"no run {run_id!r}")
-        return _run_record(row)
+        return _run_record(row, self._graph(conn, run_id, row["kind"], row["graph_hash"]))
+
+    def _graph(self, conn: sa.Connection, run_id: str, kind: str, graph_hash: str | None) -> Any:
+        """The run's plan document; a hash names one document, so it is decoded once per process."""
+        key = (kind, graph_hash or "")
+        with self._cache_lock:
+            cached = self._graphs.get(key) if graph_hash else None
+            if cached is not None:
+                self._graphs.move_to_end(key)
+                return cached
+        graph = conn.execute(sa.select(runs.c.graph).where(runs.c.id == run_id)).scalar_one()
+        if graph_hash:
+            with self._cache_lock:
+                self._graphs[key] = graph
+                while len(self._graphs) > GRAPH_CACHE_SIZE:
+                    self._graphs.popitem(last=False)
+        return graph
 
     def _finish(self, conn: sa.Connection, run_id: str, status: str, generation: int,
                 now: datetime, *, output: Any = None, error: Any = None) -> bool:
@@ -961,10 +1000,10 @@ def _missing(run_id: str) -> Any:
     raise RunNotFound(f"no run {run_id!r}")
 
 
-def _run_record(row: sa.RowMapping) -> RunRecord:
+def _run_record(row: sa.RowMapping, graph: Any) -> RunRecord:
     return RunRecord(
         id=row["id"], tenant_id=row["tenant_id"], kind=row["kind"], status=row["status"],
-        graph=row["graph"], graph_hash=row["graph_hash"], input=row["input"],
+        graph=graph, graph_hash=row["graph_hash"], input=row["input"],
         output=row["output"], error=row["error"], parent_run_id=row["parent_run_id"],
         parent_step_id=row["parent_step_id"], cost_usd=Decimal(row["cost_usd"]),
         input_tokens=row["input_tokens"], output_tokens=row["output_tokens"],

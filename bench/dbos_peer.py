@@ -1,0 +1,260 @@
+"""DBOS (the `dbos` package) as a peer of PAL: durable no-op steps per second on the same Postgres.
+
+    .venv/bin/python bench/dbos_peer.py [--reps N] [--quick] [--json PATH]
+
+Scenarios (the same shapes as bench/throughput.py):
+  linear       one workflow of N sequential no-op `@DBOS.step()` calls (default N = 300)
+  concurrent   K such workflows of M steps, started back to back (default 20 x 100)
+steps/s = completed steps / wall time. The clock (time.perf_counter) starts just before the first
+`DBOS.start_workflow` and stops when the last workflow's result is back in this process; each
+result is checked to be the number of steps that workflow ran.
+
+DBOS is a library, not a worker fleet: workflows run on threads of this one Python process
+(`DBOS.start_workflow` submits them to DBOS's thread pool) and every step runs inline on its
+workflow's thread, checkpointing its output to the system database before the next step starts.
+Each process run gets a fresh Postgres database `palbench_dbos_<hex>` on 127.0.0.1 as the DBOS
+system database; DBOS is launched once per run, warmed up with one untimed round of each
+scenario's shape, destroyed at the end, and the database is dropped, also on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import json
+import signal
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    # Run as a script or imported as `bench.dbos_peer` by bench/all.py: the same module path either way.
+    sys.path.insert(0, str(REPO))
+
+from dbos import DBOS, DBOSConfig, WorkflowHandle  # noqa: E402
+
+ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+SYSDB_URL = "postgresql://postgres@127.0.0.1:5432/{database}"  # DBOS swaps in its own driver (psycopg 3)
+APP_NAME = "palbench-dbos"
+WAIT_TIMEOUT = 300.0  # seconds one scenario's workflows may take before the measurement is abandoned
+WARM_STEPS = 10  # steps per workflow in the untimed warm-up round
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    workflows: int
+    steps: int  # steps per workflow
+
+    @property
+    def total(self) -> int:
+        return self.workflows * self.steps
+
+
+def scenarios(quick: bool) -> list[Scenario]:
+    if quick:
+        return [Scenario("linear", 1, 50), Scenario("concurrent", 5, 20)]
+    return [Scenario("linear", 1, 300), Scenario("concurrent", 20, 100)]
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------ workflows
+
+
+@DBOS.step()
+def noop_step(index: int) -> int:
+    """Does nothing; the small return value is what DBOS checkpoints."""
+    return index
+
+
+@DBOS.workflow()
+def chain(steps: int) -> int:
+    """`steps` no-op steps, one after the other; returns how many ran."""
+    done = 0
+    for index in range(steps):
+        noop_step(index)
+        done += 1
+    return done
+
+
+# ---------------------------------------------------------------------------- infrastructure
+
+
+@contextlib.contextmanager
+def fresh_database() -> Iterator[str]:
+    """Create a uniquely named database for DBOS's system tables; drop it on the way out."""
+    name = f"palbench_dbos_{uuid.uuid4().hex[:12]}"
+    # CREATE/DROP DATABASE cannot run inside a transaction, hence AUTOCOMMIT.
+    admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 10})
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        log(f"created database {name}")
+        try:
+            yield name
+        finally:
+            with admin.connect() as conn:
+                # FORCE: a workflow thread left behind by a timeout may still hold a connection.
+                conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            log(f"dropped database {name}")
+    finally:
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def launched_dbos(database: str) -> Iterator[None]:
+    """DBOS configured in code (no dbos-config.yaml), launched, and destroyed afterwards."""
+    config: DBOSConfig = {
+        "name": APP_NAME,
+        "system_database_url": SYSDB_URL.format(database=database),
+        # INFO logs a line per launch phase; per-step logging is debug-level either way.
+        "log_level": "WARNING",
+    }
+    DBOS(config=config)
+    try:
+        DBOS.launch()
+        yield
+    finally:
+        # Keep the registry: the decorated functions above were registered once, at import.
+        DBOS.destroy(destroy_registry=False)
+
+
+# ------------------------------------------------------------------------------ measurement
+
+
+def await_results(handles: list[WorkflowHandle[int]], timeout: float) -> tuple[list[int], float]:
+    """Every handle's result and the perf_counter time the last one arrived, within `timeout`.
+
+    `WorkflowHandle.get_result` takes no timeout, so a daemon thread collects the results and
+    this thread waits on it with one; a stuck workflow then ends the measurement, not the run.
+    """
+    results: list[int] = []
+    errors: list[BaseException] = []
+    finished: list[float] = []
+    done = threading.Event()
+
+    def collect() -> None:
+        try:
+            results.extend(handle.get_result() for handle in handles)
+            finished.append(time.perf_counter())
+        except BaseException as exc:  # handed over to the waiting thread below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=collect, name="palbench-dbos-wait", daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError(f"{len(handles) - len(results)} of {len(handles)} DBOS workflows unfinished "
+                           f"after {timeout:g}s")
+    if errors:
+        raise RuntimeError(f"a DBOS workflow failed: {errors[0]!r}") from errors[0]
+    return results, finished[0]
+
+
+def run_scenario(scenario: Scenario, timeout: float = WAIT_TIMEOUT) -> float:
+    """Run `scenario` once; its steps per second."""
+    t0 = time.perf_counter()
+    # start_workflow records the workflow row, then hands it to DBOS's thread pool and returns.
+    handles = [DBOS.start_workflow(chain, scenario.steps) for _ in range(scenario.workflows)]
+    results, t1 = await_results(handles, timeout)
+    if results != [scenario.steps] * scenario.workflows:
+        raise RuntimeError(f"{scenario.name}: workflows returned {results}, expected {scenario.steps} each")
+    return scenario.total / (t1 - t0)
+
+
+def warm_up(plan: list[Scenario]) -> None:
+    """One untimed round of each shape: executor threads, pooled connections, first-use code paths."""
+    for scenario in plan:
+        run_scenario(Scenario(f"warm-up {scenario.name}", scenario.workflows, WARM_STEPS))
+
+
+def summarize(scenario: Scenario, rates: list[float]) -> dict[str, Any]:
+    return {"workflows": scenario.workflows, "steps": scenario.total, "steps_per_s": rates,
+            "median": statistics.median(rates)}
+
+
+def measure(reps: int, quick: bool) -> dict[str, Any]:
+    """Measure both scenarios `reps` times on a fresh DBOS system database.
+
+    Returns {"dbos_version", "linear": {...}, "concurrent": {...}}; each scenario has "workflows",
+    "steps" (all workflows' steps in one repetition), "steps_per_s" (one figure per repetition)
+    and their "median".
+    DBOS is a process-wide singleton: call this while no other DBOS instance exists.
+    """
+    plan = scenarios(quick)
+    rates: dict[str, list[float]] = {s.name: [] for s in plan}
+    with fresh_database() as database, launched_dbos(database):
+        warm_up(plan)
+        for rep in range(1, reps + 1):
+            for scenario in plan:
+                rate = run_scenario(scenario)
+                rates[scenario.name].append(rate)
+                label = f"{scenario.name} ({scenario.workflows}x{scenario.steps})"
+                log(f"rep {rep}/{reps} {label:<22} {scenario.total:5d} steps "
+                    f"{scenario.total / rate:7.2f}s {rate:8.1f} steps/s")
+    result: dict[str, Any] = {"dbos_version": importlib.metadata.version("dbos")}
+    result.update({s.name: summarize(s, rates[s.name]) for s in plan})
+    return result
+
+
+# ------------------------------------------------------------------------------------- main
+
+
+def print_table(result: dict[str, Any], reps: int) -> None:
+    print(f"DBOS {result['dbos_version']}, system database on 127.0.0.1, reps {reps}, medians")
+    header = f"{'scenario':<22} {'steps':>6} {'DBOS steps/s':>12}  per rep"
+    print(header)
+    print("-" * len(header))
+    for name in ("linear", "concurrent"):
+        row = result[name]
+        label = f"{name} ({row['workflows']}x{row['steps'] // row['workflows']})"
+        samples = " ".join(f"{r:.1f}" for r in row["steps_per_s"])
+        print(f"{label:<22} {row['steps']:>6} {row['median']:12.1f}  {samples}")
+
+
+@contextlib.contextmanager
+def cleanup_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt so the `finally` blocks destroy DBOS and drop the database."""
+    def _raise(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=None, help="repetitions per scenario (default 3)")
+    parser.add_argument("--quick", action="store_true", help="1 rep, small workflows (a smoke test)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    reps = args.reps if args.reps is not None else (1 if args.quick else 3)
+    if not 1 <= reps <= 20:
+        parser.error("--reps must be between 1 and 20")
+    with cleanup_on_sigterm():
+        result = measure(reps, args.quick)
+    print_table(result, reps)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
