@@ -76,10 +76,17 @@ def progress(graph: Graph, completed: Mapping[str, Any]) -> Progress:
         if not incoming:  # the trigger
             ready.add(node_id)
             continue
-        states = {_edge_state(graph, edge, completed, skipped) for edge in incoming}
-        if EdgeState.PENDING in states:
+        # Pending wins over live, live over dead (this runs for every node at every step: no sets).
+        live = waiting = False
+        for edge in incoming:
+            state = _edge_state(graph, edge, completed, skipped)
+            if state is EdgeState.PENDING:
+                waiting = True
+                break
+            live = live or state is EdgeState.LIVE
+        if waiting:
             pending.add(node_id)
-        elif EdgeState.LIVE in states:
+        elif live:
             ready.add(node_id)
         else:
             skipped.add(node_id)
@@ -193,10 +200,10 @@ class GraphProgram:
                 return tuple(f"{loop_id}[{index}].{n}" for n in body.order if n in state.ready)
         return (loop_id,)
 
-    def frontier(self, completed: Mapping[str, Any]) -> tuple[str, ...]:
+    def frontier(self, completed: Mapping[str, Any], state: Progress | None = None) -> tuple[str, ...]:
         """The steps ready now, loops expanded: what a re-drive dispatches."""
         ready: list[str] = []
-        for node_id in progress(self.graph, completed).ready_in_order(self.graph):
+        for node_id in (state or progress(self.graph, completed)).ready_in_order(self.graph):
             if self.graph.nodes[node_id].type == "loop":
                 ready.extend(self._loop_frontier(node_id, completed))
             else:
@@ -205,10 +212,12 @@ class GraphProgram:
 
     def handoff(self, completed: Mapping[str, Any], step_id: str) -> Handoff:
         """Only steps that became ready because of this completion are dispatched (see `handoff`)."""
-        if progress(self.graph, completed).finished:
+        after = progress(self.graph, completed)
+        if after.finished:
             return Handoff(dispatch=(), finished=True, output=run_output(self.graph, completed))
         before = set(self.frontier({k: v for k, v in completed.items() if k != step_id}))
-        return Handoff(dispatch=tuple(s for s in self.frontier(completed) if s not in before), finished=False)
+        return Handoff(dispatch=tuple(s for s in self.frontier(completed, after) if s not in before),
+                       finished=False)
 
     def redrive_steps(self, completed: Mapping[str, Any]) -> tuple[str, ...]:
         return self.frontier(completed)
