@@ -31,9 +31,9 @@ STEP_TIMEOUT_S = 3600  # one benchmark script may take this long before the run 
 
 
 def run_script(name: str, args: list[str], folder: Path) -> dict[str, Any] | None:
-    """Run bench/<name>.py with --json; its result, or None (and why, on stderr) when it failed."""
+    """Run `python -m bench.<name>` with --json; its result, or None (and why, on stderr) when it failed."""
     out = folder / f"{name}.json"
-    command = [sys.executable, str(REPO / "bench" / f"{name}.py"), *args, "--json", str(out)]
+    command = [sys.executable, "-m", f"bench.{name}", *args, "--json", str(out)]
     print(f"== {name}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
     began = time.monotonic()
     result = subprocess.run(command, cwd=REPO, timeout=STEP_TIMEOUT_S)

@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import importlib.metadata
 import json
-import signal
 import statistics
 import sys
 import threading
@@ -42,6 +41,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from dbos import DBOS, DBOSConfig, WorkflowHandle  # noqa: E402
+
+from bench.throughput import cleanup_on_signals  # noqa: E402
 
 ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 SYSDB_URL = "postgresql://postgres@127.0.0.1:5432/{database}"  # DBOS swaps in its own driver (psycopg 3)
@@ -225,19 +226,6 @@ def print_table(result: dict[str, Any], reps: int) -> None:
         print(f"{label:<22} {row['steps']:>6} {row['median']:12.1f}  {samples}")
 
 
-@contextlib.contextmanager
-def cleanup_on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt so the `finally` blocks destroy DBOS and drop the database."""
-    def _raise(*_: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -248,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     reps = args.reps if args.reps is not None else (1 if args.quick else 3)
     if not 1 <= reps <= 20:
         parser.error("--reps must be between 1 and 20")
-    with cleanup_on_sigterm():
+    with cleanup_on_signals():
         result = measure(reps, args.quick)
     print_table(result, reps)
     if args.json:
