@@ -123,6 +123,7 @@ class Lease:
     worker_id: str
     expires_at: datetime
     generation: int
+    redeliver_at: datetime | None = None  # unclaimed recovery: when its messages are sent again
 
 
 class ClaimOutcome(Enum):
@@ -570,7 +571,7 @@ class Journal:
     def recover_run(
         self, *, run_id: str, worker_id: str, now: datetime, lease_ttl: float,
         plan: Callable[[RunRecord, Mapping[str, Any]], Sequence[str]],
-        require_expired: bool = True, allow_idle: bool = False,
+        require_expired: bool = True, allow_idle: bool = False, redeliver_after: float | None = None,
     ) -> Recovery | None:
         """Steal the run's lease (generation + 1) and record which steps the re-drive resumes.
 
@@ -580,6 +581,8 @@ class Journal:
         their claim, so taking an idle lease can never let two workers run one step). None means
         nothing to do: the run is terminal or not in flight, or another holder's lease is live.
         Raises LeaseBusy when `allow_idle` finds a step running under a live lease.
+        With `redeliver_after`, the resumed steps' messages are due to be sent again that many
+        seconds from now unless a worker claims one first (see `redeliver`).
         """
         expires = now + timedelta(seconds=lease_ttl)
         with self._tx() as conn:
@@ -605,7 +608,7 @@ class Journal:
             update_where = sa.true() if take_live else run_locks.c.expires_at < now
             stmt = stmt.on_conflict_do_update(
                 index_elements=[run_locks.c.run_id],
-                set_={"worker_id": worker_id, "expires_at": expires,
+                set_={"worker_id": worker_id, "expires_at": expires, "redeliver_at": None,
                       "generation": run_locks.c.generation + 1},
                 where=update_where,
             ).returning(run_locks.c.generation)
@@ -616,7 +619,51 @@ class Journal:
             self._append(conn, run_id, None, None, "run_recovered",
                          {"generation": generation, "resumed_steps": list(steps)},
                          generation, now)
+            if steps and redeliver_after is not None:
+                conn.execute(run_locks.update().where(run_locks.c.run_id == run_id)
+                             .values(redeliver_at=now + timedelta(seconds=redeliver_after)))
         return Recovery(generation=generation, resumed_steps=steps)
+
+    def redeliverable_runs(self, *, now: datetime, limit: int) -> list[str]:
+        """Recovered runs whose re-driven steps no worker has claimed by their redelivery time."""
+        with self._tx() as conn:
+            return list(conn.execute(
+                sa.select(run_locks.c.run_id).where(run_locks.c.redeliver_at < now)
+                .order_by(run_locks.c.redeliver_at).limit(limit)).scalars())
+
+    def redeliver(
+        self, *, run_id: str, now: datetime, min_gap: float,
+        plan: Callable[[RunRecord, Mapping[str, Any]], Sequence[str]],
+    ) -> Recovery | None:
+        """Send a recovery's messages again: no worker claimed a step since the steal, so they may
+        be lost (a Redis flush, a worker killed before its claim, a claim refused while Postgres
+        restarted), and the 10-minute recovery lease would otherwise idle the run that long.
+
+        The generation stays: a message still queued remains valid and the copies are harmless
+        (one claim per attempt and generation wins), so a slow queue never livelocks the run the
+        way repeated steals would. Each resend doubles the wait (at least `min_gap`), and none is
+        due past the lease's end, where the sweep steals it as usual. Journals `run_redelivered
+        {generation, steps}`; None when nothing is due (claimed meanwhile, finished, parked)."""
+        with self._tx() as conn:
+            lock = conn.execute(sa.select(run_locks).where(
+                run_locks.c.run_id == run_id, run_locks.c.redeliver_at < now
+            ).with_for_update()).mappings().first()
+            if lock is None:
+                return None
+            run = self._run(conn, run_id)
+            stolen_at = conn.execute(sa.select(sa.func.max(journal_events.c.created_at)).where(
+                journal_events.c.run_id == run_id, journal_events.c.kind == "run_recovered",
+                journal_events.c.generation == lock["generation"])).scalar() or now
+            in_flight = run.status in IN_FLIGHT_STATUSES
+            steps = tuple(plan(run, self._completed(conn, run_id))) if in_flight else ()
+            due = now + timedelta(seconds=max(min_gap, (now - stolen_at).total_seconds()))
+            conn.execute(run_locks.update().where(run_locks.c.run_id == run_id).values(
+                redeliver_at=due if steps and due < lock["expires_at"] else None))
+            if not steps:
+                return None
+            self._append(conn, run_id, None, None, "run_redelivered",
+                         {"generation": lock["generation"], "steps": list(steps)}, lock["generation"], now)
+        return Recovery(generation=lock["generation"], resumed_steps=steps)
 
     def _running_steps(self, conn: sa.Connection, run_id: str, generation: int) -> list[str]:
         """Steps started under `generation` whose attempt has no completion, failure or retry."""
@@ -839,7 +886,7 @@ class Journal:
         row = conn.execute(
             run_locks.update()
             .where(run_locks.c.run_id == run_id, run_locks.c.generation == generation)
-            .values(expires_at=now + timedelta(seconds=lease_ttl), worker_id=worker_id)
+            .values(expires_at=now + timedelta(seconds=lease_ttl), worker_id=worker_id, redeliver_at=None)
             .returning(run_locks.c.generation)
         ).first()
         return row is not None
@@ -924,7 +971,7 @@ class Journal:
                                            generation=generation)
             .on_conflict_do_update(index_elements=[run_locks.c.run_id],
                                    set_={"worker_id": worker_id, "expires_at": expires_at,
-                                         "generation": generation})
+                                         "generation": generation, "redeliver_at": None})
         )
 
     def _completed(self, conn: sa.Connection, run_id: str) -> dict[str, Any]:

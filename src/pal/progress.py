@@ -16,6 +16,7 @@ from pal.journal import Event, RunRecord
 _MARKS = {
     "run_queued": "·", "step_started": "▶", "step_completed": "✓", "step_failed": "✗",
     "run_succeeded": "■", "run_failed": "■", "run_cancelled": "■", "run_recovered": "↻",
+    "run_redelivered": "↻",
     "step_retrying": "↺", "step_waiting": "…", "step_in_doubt": "?",
 }
 
@@ -37,6 +38,8 @@ def describe(event: Event) -> str:
         detail = " output " + short(event.payload.get("output"))
     elif event.kind == "run_recovered":
         detail = f" generation {event.payload.get('generation')}"
+    elif event.kind == "run_redelivered":
+        detail = f" unclaimed, sent again: {', '.join(event.payload.get('steps', []))}"
     elif event.kind == "step_retrying":
         error = event.payload.get("error") or {}
         detail = (f" attempt {event.payload.get('attempt')} of {event.payload.get('of')} failed: "

@@ -5,12 +5,17 @@ are queued or running with a missing or expired lease, steals each lease with on
 10-minute TTL, generation + 1; an unexpired lease is never stolen, so only one sweeper wins), journals
 `run_recovered {generation, resumed_steps}` and publishes the first incomplete steps. Messages of the
 old generation are then dropped at their claim, and a zombie worker is fenced out of the journal.
+
+Until a worker claims one of the re-driven steps, the pass also re-sends their messages (same
+generation, `run_redelivered`) after PAL_LEASE_TTL + PAL_RECOVERY_INTERVAL, then at doubling
+intervals: messages lost after a steal (a Redis flush, a claim refused while Postgres restarted)
+cost seconds, not the 10-minute recovery lease.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -37,6 +42,7 @@ class SweepReport:
     found: int = 0
     recovered: dict[str, Recovery] = field(default_factory=dict)
     woken: dict[str, int] = field(default_factory=dict)  # parked runs looked at: steps resumed
+    redelivered: dict[str, Recovery] = field(default_factory=dict)  # recoveries sent again
 
 
 def sweep_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
@@ -58,17 +64,32 @@ def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True, allow_idl
     A finished run, or one whose lease is still live (when `require_expired`), is left alone.
     """
 
+    recovery = rt.journal.recover_run(
+        run_id=run_id, worker_id=f"recovery:{rt.worker_id}", now=now or utcnow(),
+        lease_ttl=lease_ttl, plan=_replay_plan(rt), require_expired=require_expired,
+        allow_idle=allow_idle, redeliver_after=redelivery_gap(rt.settings),
+    )
+    if recovery is not None:
+        _publish(rt, run_id, recovery)
+    return recovery
+
+
+def redelivery_gap(settings: Settings) -> float:
+    """The first wait before a recovery's unclaimed messages are sent again: a lease's length plus
+    one sweep period, time enough for an idle worker to claim a message that is not lost."""
+    return settings.lease_ttl + settings.recovery_interval
+
+
+def _replay_plan(rt: Runtime) -> Callable[[RunRecord, Mapping[str, Any]], tuple[str, ...]]:
     def plan(run: RunRecord, completed: Mapping[str, Any]) -> tuple[str, ...]:
         return rt.program_of(run).redrive_steps(completed)
 
-    recovery = rt.journal.recover_run(
-        run_id=run_id, worker_id=f"recovery:{rt.worker_id}", now=now or utcnow(),
-        lease_ttl=lease_ttl, plan=plan, require_expired=require_expired, allow_idle=allow_idle,
-    )
-    if recovery is not None:
-        for step_id in recovery.resumed_steps:
-            rt.publish(run_id, step_id, recovery.generation)
-    return recovery
+    return plan
+
+
+def _publish(rt: Runtime, run_id: str, recovery: Recovery) -> None:
+    for step_id in recovery.resumed_steps:
+        rt.publish(run_id, step_id, recovery.generation)
 
 
 def sweep(rt: Runtime, now: datetime | None = None) -> SweepReport:
@@ -87,6 +108,18 @@ def sweep(rt: Runtime, now: datetime | None = None) -> SweepReport:
             report.recovered[run_id] = recovery
             log.info("sweep: run %s re-driven at generation %d: %s", run_id,
                      recovery.generation, ", ".join(recovery.resumed_steps) or "nothing to resume")
+    for run_id in rt.journal.redeliverable_runs(now=now, limit=SWEEP_BATCH):
+        try:
+            again = rt.journal.redeliver(run_id=run_id, now=now, min_gap=redelivery_gap(rt.settings),
+                                         plan=_replay_plan(rt))
+        except PalError:
+            log.exception("sweep: redelivery of run %s failed; the next pass retries", run_id)
+            continue
+        if again is not None:
+            _publish(rt, run_id, again)
+            report.redelivered[run_id] = again
+            log.info("sweep: run %s: no claim since its recovery, sent again: %s", run_id,
+                     ", ".join(again.resumed_steps))
     from pal.waiting import wake
 
     for run_id in rt.journal.due_waiting_runs(now=now, limit=SWEEP_BATCH):

@@ -155,3 +155,52 @@ def test_orphan_query_uses_the_in_flight_index(postgres_backend: Backend) -> Non
     assert "ix_runs_in_flight" in plan, plan
     assert len(client.runtime.journal.orphaned_runs(now=utcnow(), limit=20)) == 5
     client.close()
+
+
+def test_unclaimed_recovery_is_sent_again_with_doubling_waits(client: Client, outbox: list[Message],
+                                                                counter: Path) -> None:
+    """A recovery's messages that no worker claims (lost in a Redis flush) are sent again, same
+    generation, after lease + interval and then at doubling waits, never past the recovery lease;
+    the first claim under the recovery stops the resends."""
+    run_id = client.start_run(linear(counter, 2), {})
+    execute_step(client.runtime, *outbox.pop(0))  # the trigger
+    outbox.clear()  # the message for s0 is lost
+    lease = client.runtime.journal.get_lease(run_id)
+    assert lease is not None
+    stolen_at = lease.expires_at + timedelta(seconds=1)
+    assert sweep(client.runtime, now=stolen_at).recovered[run_id].generation == 2
+    assert outbox == [(run_id, "s0", 2)]
+    outbox.clear()  # lost again: no worker will ever claim it
+    settings = client.runtime.settings
+    gap = timedelta(seconds=settings.lease_ttl + settings.recovery_interval)
+    assert sweep(client.runtime, now=stolen_at + gap - timedelta(seconds=1)).redelivered == {}
+    first = sweep(client.runtime, now=stolen_at + gap + timedelta(seconds=1))
+    assert first.redelivered == {run_id: Recovery(generation=2, resumed_steps=("s0",))}
+    assert first.recovered == {} and outbox == [(run_id, "s0", 2)]
+    outbox.clear()
+    # The next resend waits as long as the run has already idled since the steal (doubling).
+    idle = gap + timedelta(seconds=1)
+    assert sweep(client.runtime, now=stolen_at + 2 * idle - timedelta(seconds=1)).redelivered == {}
+    assert run_id in sweep(client.runtime, now=stolen_at + 2 * idle + timedelta(seconds=1)).redelivered
+    kinds = [e.kind for e in client.events(run_id)]
+    assert kinds.count("run_redelivered") == 2 and kinds.count("run_recovered") == 1
+    # A worker claims the resent message: no more resends, and the run finishes on generation 2.
+    while outbox:
+        execute_step(client.runtime, *outbox.pop(0))
+    assert client.get_run(run_id).status == "succeeded"
+    assert sweep(client.runtime, now=stolen_at + timedelta(seconds=RECOVERY_LEASE_SECONDS - 1)).redelivered == {}
+    assert calls(counter) == ["s0", "s1"]
+
+
+def test_a_claimed_recovery_is_not_sent_again(client: Client, outbox: list[Message], counter: Path) -> None:
+    run_id = client.start_run(linear(counter, 2), {})
+    outbox.clear()  # the trigger's message is lost
+    lease = client.runtime.journal.get_lease(run_id)
+    assert lease is not None
+    stolen_at = lease.expires_at + timedelta(seconds=1)
+    sweep(client.runtime, now=stolen_at)
+    claim = client.runtime.journal.claim_step(run_id=run_id, step_id="start", generation=2, worker_id="w1",
+                                              now=stolen_at, lease_ttl=RECOVERY_LEASE_SECONDS)
+    assert claim.outcome.value == "run"
+    later = stolen_at + timedelta(seconds=RECOVERY_LEASE_SECONDS - 1)
+    assert sweep(client.runtime, now=later).redelivered == {}

@@ -142,8 +142,18 @@ run_locks = sa.Table(
     sa.Column("worker_id", sa.String(256), nullable=False),
     sa.Column("expires_at", UtcDateTime(), nullable=False),
     sa.Column("generation", sa.Integer(), nullable=False),
+    # Set by a recovery steal, cleared by the first claim under it: while no worker has claimed
+    # the re-driven steps, the sweep re-sends their messages at this time (they may have been
+    # lost: a Redis flush, a worker killed before its claim), instead of idling out the lease.
+    sa.Column("redeliver_at", UtcDateTime(), nullable=True),
 )
 sa.Index("ix_run_locks_expires_at", run_locks.c.expires_at)
+sa.Index(
+    "ix_run_locks_redeliver_at",
+    run_locks.c.redeliver_at,
+    postgresql_where=run_locks.c.redeliver_at.is_not(None),
+    sqlite_where=run_locks.c.redeliver_at.is_not(None),
+)
 
 side_effect_receipts = sa.Table(
     "side_effect_receipts",
