@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 from typing import Any, Protocol
 
 from pal.graph import Edge, Graph, Node
@@ -57,11 +58,16 @@ def _edge_state(graph: Graph, edge: Edge, completed: Mapping[str, Any],
         return EdgeState.DEAD
     if edge.source not in completed:
         return EdgeState.PENDING
+    return EdgeState.LIVE if _chosen(graph, edge, completed) else EdgeState.DEAD
+
+
+def _chosen(graph: Graph, edge: Edge, completed: Mapping[str, Any]) -> bool:
+    """Whether the edge out of a completed source is live: a branching source picks its edges."""
     if graph.nodes[edge.source].kind.branches:
         output = completed[edge.source]
         chosen = output.get("branch") if isinstance(output, Mapping) else None
-        return EdgeState.LIVE if chosen == edge.source_handle else EdgeState.DEAD
-    return EdgeState.LIVE
+        return bool(chosen == edge.source_handle)
+    return True
 
 
 def progress(graph: Graph, completed: Mapping[str, Any]) -> Progress:
@@ -92,6 +98,51 @@ def progress(graph: Graph, completed: Mapping[str, Any]) -> Progress:
             skipped.add(node_id)
     done = frozenset(n for n in completed if n in graph.nodes)
     return Progress(done, frozenset(ready), frozenset(skipped), frozenset(pending))
+
+
+class NodeState(Enum):
+    COMPLETED = "completed"
+    READY = "ready"
+    SKIPPED = "skipped"
+    PENDING = "pending"
+
+
+LOCAL_WALK_LIMIT = 256  # nodes a local classification may visit before the whole walk is used
+
+
+class WalkTooFar(Exception):
+    """Control flow: a local classification would visit more than LOCAL_WALK_LIMIT nodes."""
+
+
+def node_state(graph: Graph, node_id: str, completed: Mapping[str, Any],
+               known: dict[str, NodeState]) -> NodeState:
+    """One node's class under the rules of `progress`, found by looking upstream only as far as
+    needed (`known` memoizes, and may be shared across calls with the same `completed`). Raises
+    WalkTooFar past LOCAL_WALK_LIMIT nodes, which also bounds the recursion's depth."""
+    state = known.get(node_id)
+    if state is not None:
+        return state
+    if len(known) >= LOCAL_WALK_LIMIT:
+        raise WalkTooFar(node_id)
+    if node_id in completed:
+        state = NodeState.COMPLETED
+    elif not graph.incoming[node_id]:
+        state = NodeState.READY  # the trigger
+    else:
+        live = False
+        state = NodeState.SKIPPED
+        for edge in graph.incoming[node_id]:
+            source = node_state(graph, edge.source, completed, known)
+            if source is NodeState.SKIPPED:
+                continue  # a dead edge
+            if source is not NodeState.COMPLETED:
+                state = NodeState.PENDING
+                break
+            live = live or _chosen(graph, edge, completed)
+        else:
+            state = NodeState.READY if live else NodeState.SKIPPED
+    known[node_id] = state
+    return state
 
 
 def run_output(graph: Graph, completed: Mapping[str, Any]) -> Any:
@@ -202,22 +253,55 @@ class GraphProgram:
 
     def frontier(self, completed: Mapping[str, Any], state: Progress | None = None) -> tuple[str, ...]:
         """The steps ready now, loops expanded: what a re-drive dispatches."""
-        ready: list[str] = []
-        for node_id in (state or progress(self.graph, completed)).ready_in_order(self.graph):
-            if self.graph.nodes[node_id].type == "loop":
-                ready.extend(self._loop_frontier(node_id, completed))
-            else:
-                ready.append(node_id)
-        return tuple(ready)
+        return self._expand((state or progress(self.graph, completed)).ready_in_order(self.graph), completed)
 
     def handoff(self, completed: Mapping[str, Any], step_id: str) -> Handoff:
         """Only steps that became ready because of this completion are dispatched (see `handoff`)."""
+        if step_id in self.graph.nodes:
+            try:
+                became_ready = self._became_ready(completed, step_id)
+            except WalkTooFar:
+                became_ready = []
+            if became_ready:  # then the run is not over: no need to walk the whole graph
+                return Handoff(dispatch=self._expand(became_ready, completed), finished=False)
         after = progress(self.graph, completed)
         if after.finished:
             return Handoff(dispatch=(), finished=True, output=run_output(self.graph, completed))
         before = set(self.frontier({k: v for k, v in completed.items() if k != step_id}))
         return Handoff(dispatch=tuple(s for s in self.frontier(completed, after) if s not in before),
                        finished=False)
+
+    def _became_ready(self, completed: Mapping[str, Any], step_id: str) -> list[str]:
+        """The graph nodes that the completion of `step_id` made ready, in graph order.
+
+        Only nodes downstream of it can change state: its successors, and theirs through nodes
+        it made skipped. Each is classified by the same rules as `progress`, looking upstream only
+        as far as its own predecessors need, so a hand-off costs the size of its neighbourhood,
+        not of the graph."""
+        states: dict[str, NodeState] = {}
+        found: set[str] = set()
+        through = [step_id]
+        while through:
+            for edge in self.graph.outgoing[through.pop()]:
+                state = node_state(self.graph, edge.target, completed, states)
+                if state is NodeState.READY:
+                    found.add(edge.target)
+                elif state is NodeState.SKIPPED:
+                    through.append(edge.target)
+        return sorted(found, key=self._position.__getitem__)
+
+    @cached_property
+    def _position(self) -> Mapping[str, int]:
+        return {node_id: i for i, node_id in enumerate(self.graph.order)}
+
+    def _expand(self, ready: list[str], completed: Mapping[str, Any]) -> tuple[str, ...]:
+        steps: list[str] = []
+        for node_id in ready:
+            if self.graph.nodes[node_id].type == "loop":
+                steps.extend(self._loop_frontier(node_id, completed))
+            else:
+                steps.append(node_id)
+        return tuple(steps)
 
     def redrive_steps(self, completed: Mapping[str, Any]) -> tuple[str, ...]:
         return self.frontier(completed)

@@ -39,8 +39,33 @@ from pal.schema import (
     runs,
     side_effect_receipts,
 )
+from pal.step_log import LOG_KINDS, StepLog, StepLogs
 
 TERMINAL_EVENT = {"succeeded": "run_succeeded", "failed": "run_failed", "cancelled": "run_cancelled"}
+_ON_COMMIT = "pal_on_commit"  # Connection.info key of the current transaction's after-commit work
+
+# Statements of the step protocol, built once (bind parameter names differ from column names).
+_FENCE = (
+    run_locks.update()
+    .where(run_locks.c.run_id == sa.bindparam("fence_run"),
+           run_locks.c.generation == sa.bindparam("fence_generation"))
+    .values(expires_at=sa.bindparam("fence_expires"), worker_id=sa.bindparam("fence_worker"),
+            redeliver_at=None)
+    .returning(run_locks.c.generation)
+)
+_RUN_ROW = sa.select(*(c for c in runs.c if c.name != "graph")).where(runs.c.id == sa.bindparam("row_run"))
+_LOG_SINCE = (
+    sa.select(journal_events.c.seq, journal_events.c.step_id, journal_events.c.kind, journal_events.c.payload)
+    .where(journal_events.c.run_id == sa.bindparam("log_run"),
+           journal_events.c.seq > sa.bindparam("log_after"), journal_events.c.kind.in_(LOG_KINDS))
+    .order_by(journal_events.c.seq)
+)
+_EVENT_VALUES: dict[str, Any] = {
+    "run_id": sa.bindparam("ev_run"), "step_id": sa.bindparam("ev_step"),
+    "attempt": sa.bindparam("ev_attempt"), "kind": sa.bindparam("ev_kind"),
+    "payload": sa.bindparam("ev_payload"), "generation": sa.bindparam("ev_generation"),
+    "created_at": sa.bindparam("ev_at"),
+}
 Frontier = Callable[[Mapping[str, Any]], Sequence[str]]
 """frontier(completed): the steps a plan finds ready (in flight or waiting), as in a re-drive."""
 PARKED = "waiting"  # worker_id of a parked run's lock row: a wake-up timer, not a lease
@@ -169,27 +194,43 @@ class Journal:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        # Read-through caches of immutable journal data, so a step does not decode the whole graph
-        # and every earlier output again: a plan's document by (kind, hash), and each completed
-        # step's output by its step_completed row (one per step, never updated; keyed by seq, so
-        # a rolled-back insert can never be mistaken for the row that finally committed).
+        # Caches, so a step does not decode the whole graph and re-read every earlier event: a
+        # plan's document by (kind, hash) (a hash names one document), and each run's step log,
+        # read incrementally (pal.step_log says why that is sound).
         self._graphs: OrderedDict[tuple[str, str], Any] = OrderedDict()
-        self._outputs: OrderedDict[str, dict[tuple[str, int], Any]] = OrderedDict()
+        self._logs = StepLogs(OUTPUT_CACHE_RUNS)
         self._cache_lock = threading.Lock()  # workers and the API share one Journal across threads
         self._insert: Callable[..., Any] = (
             postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         )
+        # The hot path's statements, built once: a step pays for executing them, not for building
+        # their expression trees again.
+        self._append_stmt = self._insert(journal_events).values(_EVENT_VALUES).returning(journal_events.c.seq)
+        self._append_once_stmt = (self._insert(journal_events).values(_EVENT_VALUES)
+                                  .on_conflict_do_nothing().returning(journal_events.c.seq))
 
     @contextmanager
     def _tx(self) -> Iterator[sa.Connection]:
+        """One transaction; work registered with `_on_commit` runs only once it has committed."""
+        committed: list[Callable[[], None]] = []
         try:
             with self.engine.begin() as conn:
-                yield conn
+                conn.info[_ON_COMMIT] = committed
+                try:
+                    yield conn
+                finally:
+                    conn.info.pop(_ON_COMMIT, None)
         except sa.exc.DBAPIError as exc:
             message = str(exc.orig)
             if "no such table" in message or "does not exist" in message:
                 message += " (is the schema installed? run `pal db upgrade`)"
             raise StorageError(f"journal database error: {message}") from exc
+        for action in committed:
+            action()
+
+    @staticmethod
+    def _on_commit(conn: sa.Connection, action: Callable[[], None]) -> None:
+        conn.info[_ON_COMMIT].append(action)
 
     # ----------------------------------------------------------------- writes
 
@@ -260,19 +301,13 @@ class Journal:
             run = self._run(conn, run_id)
             if run.terminal:
                 return Claim(ClaimOutcome.TERMINAL, run)
-            completed = self._completed(conn, run_id)
-            if step_id in completed:
+            log = self._step_log(conn, run_id)
+            if step_id in log.outputs:
                 return Claim(ClaimOutcome.COMPLETED, run)
-            rows = conn.execute(
-                sa.select(journal_events.c.kind, journal_events.c.payload)
-                .where(journal_events.c.run_id == run_id, journal_events.c.step_id == step_id,
-                       journal_events.c.kind.in_(("step_retrying", "step_waiting")))
-                .order_by(journal_events.c.seq)
-            ).all()
-            if any(r.kind == "step_waiting" for r in rows):
+            if step_id in log.waited:
                 return Claim(ClaimOutcome.WAITING, run)  # parked: only a decision or its child resumes it
             # The attempt comes from the journal: a crash mid-attempt resumes the same attempt.
-            retries = [r.payload for r in rows if r.kind == "step_retrying"]
+            retries = log.retries.get(step_id, ())
             attempt = 1 + len(retries)
             if retries and retries[-1].get("wake_at"):
                 due = datetime.fromisoformat(retries[-1]["wake_at"])
@@ -292,7 +327,7 @@ class Journal:
                     .where(runs.c.id == run_id, runs.c.status == "queued")
                     .values(status="running", started_at=now)
                 )
-        return Claim(ClaimOutcome.RUN, run, attempt, completed)
+        return Claim(ClaimOutcome.RUN, run, attempt, log.outputs)
 
     def renew_lease(
         self, *, run_id: str, generation: int, worker_id: str, now: datetime, lease_ttl: float
@@ -602,13 +637,16 @@ class Journal:
                             f"{lease['worker_id']} (generation {lease['generation']}), lease live for "
                             f"{(lease['expires_at'] - now).total_seconds():.1f}s more")
                     take_live = True
+            # Due for a resend unless a worker claims a step first (cleared below if none resumes).
+            redeliver_at = now + timedelta(seconds=redeliver_after) if redeliver_after is not None else None
             stmt = self._insert(run_locks).values(
-                run_id=run_id, worker_id=worker_id, expires_at=expires, generation=1
+                run_id=run_id, worker_id=worker_id, expires_at=expires, generation=1,
+                redeliver_at=redeliver_at,
             )
             update_where = sa.true() if take_live else run_locks.c.expires_at < now
             stmt = stmt.on_conflict_do_update(
                 index_elements=[run_locks.c.run_id],
-                set_={"worker_id": worker_id, "expires_at": expires, "redeliver_at": None,
+                set_={"worker_id": worker_id, "expires_at": expires, "redeliver_at": redeliver_at,
                       "generation": run_locks.c.generation + 1},
                 where=update_where,
             ).returning(run_locks.c.generation)
@@ -619,9 +657,8 @@ class Journal:
             self._append(conn, run_id, None, None, "run_recovered",
                          {"generation": generation, "resumed_steps": list(steps)},
                          generation, now)
-            if steps and redeliver_after is not None:
-                conn.execute(run_locks.update().where(run_locks.c.run_id == run_id)
-                             .values(redeliver_at=now + timedelta(seconds=redeliver_after)))
+            if not steps and redeliver_at is not None:
+                conn.execute(run_locks.update().where(run_locks.c.run_id == run_id).values(redeliver_at=None))
         return Recovery(generation=generation, resumed_steps=steps)
 
     def redeliverable_runs(self, *, now: datetime, limit: int) -> list[str]:
@@ -861,7 +898,7 @@ class Journal:
 
     def completed_outputs(self, run_id: str) -> dict[str, Any]:
         with self._tx() as conn:
-            return self._completed(conn, run_id)
+            return dict(self._completed(conn, run_id))
 
     def get_lease(self, run_id: str) -> Lease | None:
         """The run's lease; None for a finished run and for a parked one (its lock row is only a
@@ -883,23 +920,18 @@ class Journal:
     def _fence(self, conn: sa.Connection, run_id: str, generation: int, worker_id: str,
                now: datetime, lease_ttl: float) -> bool:
         """Extend the lease iff `generation` holds it; locks the row for this transaction."""
-        row = conn.execute(
-            run_locks.update()
-            .where(run_locks.c.run_id == run_id, run_locks.c.generation == generation)
-            .values(expires_at=now + timedelta(seconds=lease_ttl), worker_id=worker_id, redeliver_at=None)
-            .returning(run_locks.c.generation)
-        ).first()
+        row = conn.execute(_FENCE, {"fence_run": run_id, "fence_generation": generation,
+                                    "fence_expires": now + timedelta(seconds=lease_ttl),
+                                    "fence_worker": worker_id}).first()
         return row is not None
 
     def _append(self, conn: sa.Connection, run_id: str, step_id: str | None,
                 attempt: int | None, kind: str, payload: Mapping[str, Any], generation: int,
                 now: datetime, *, on_conflict_skip: bool = False) -> int | None:
-        values = {"run_id": run_id, "step_id": step_id, "attempt": attempt, "kind": kind,
-                  "payload": dict(payload), "generation": generation, "created_at": now}
-        stmt = self._insert(journal_events).values(**values)
-        if on_conflict_skip:
-            stmt = stmt.on_conflict_do_nothing()
-        seq: int | None = conn.execute(stmt.returning(journal_events.c.seq)).scalar()
+        stmt = self._append_once_stmt if on_conflict_skip else self._append_stmt
+        seq: int | None = conn.execute(stmt, {
+            "ev_run": run_id, "ev_step": step_id, "ev_attempt": attempt, "ev_kind": kind,
+            "ev_payload": dict(payload), "ev_generation": generation, "ev_at": now}).scalar()
         return seq
 
     def _waiting(self, conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
@@ -974,29 +1006,23 @@ class Journal:
                                          "generation": generation, "redeliver_at": None})
         )
 
-    def _completed(self, conn: sa.Connection, run_id: str) -> dict[str, Any]:
-        """Every completed step's output, as this transaction sees the journal; payloads are decoded
-        once per process (step ids and seqs are read each time, outputs only when new)."""
-        je = journal_events
-        done = conn.execute(sa.select(je.c.step_id, je.c.seq).where(
-            je.c.run_id == run_id, je.c.kind == "step_completed")).all()
-        with self._cache_lock:
-            cached = dict(self._outputs.get(run_id) or {})
-        missing = [r.seq for r in done if (r.step_id, r.seq) not in cached]
-        for chunk in (missing[i:i + 500] for i in range(0, len(missing), 500)):
-            query = sa.select(je.c.step_id, je.c.seq, je.c.payload).where(je.c.seq.in_(chunk))
-            for row in conn.execute(query):
-                cached[(row.step_id, row.seq)] = row.payload.get("output")
-        with self._cache_lock:
-            self._outputs[run_id] = cached
-            self._outputs.move_to_end(run_id)  # most recently used last
-            while len(self._outputs) > OUTPUT_CACHE_RUNS:
-                self._outputs.popitem(last=False)
-        return {r.step_id: cached[(r.step_id, r.seq)] for r in done}
+    def _completed(self, conn: sa.Connection, run_id: str) -> Mapping[str, Any]:
+        """Every completed step's output, as this transaction sees the journal (read-only)."""
+        return self._step_log(conn, run_id).outputs
+
+    def _step_log(self, conn: sa.Connection, run_id: str) -> StepLog:
+        """The run's step log as this transaction sees it: the process's copy plus the events
+        after it; kept for the next step once this transaction commits."""
+        known = self._logs.get(run_id)
+        rows = conn.execute(_LOG_SINCE, {"log_run": run_id, "log_after": known.seq}).all()
+        if not rows:
+            return known
+        log = known.extended(rows)
+        self._on_commit(conn, lambda: self._logs.remember(run_id, log))
+        return log
 
     def _run(self, conn: sa.Connection, run_id: str) -> RunRecord:
-        columns = [c for c in runs.c if c.name != "graph"]
-        row = conn.execute(sa.select(*columns).where(runs.c.id == run_id)).mappings().first()
+        row = conn.execute(_RUN_ROW, {"row_run": run_id}).mappings().first()
         if row is None:
             raise RunNotFound(f"no run {run_id!r}")
         return _run_record(row, self._graph(conn, run_id, row["kind"], row["graph_hash"]))

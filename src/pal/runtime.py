@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from decimal import Decimal
 from functools import cached_property
 from typing import Any, Protocol
@@ -15,6 +16,7 @@ from pal.config import Settings
 from pal.database import shared_engine
 from pal.interpreter import Program
 from pal.journal import Journal, RunRecord
+from pal.leases import LeaseKeeper
 from pal.nodes.base import StepContext
 from pal.plans import program_of
 from pal.providers import Provider, get_provider
@@ -35,7 +37,12 @@ class Runtime:
         self.settings = settings
         self.publish = publish
         self._plans: dict[str, Program] = {}
+        self.leases = LeaseKeeper(self._renew_lease, settings.lease_ttl)
         load_tool_modules(settings.tool_modules)
+
+    def _renew_lease(self, run_id: str, generation: int) -> bool:
+        return self.journal.renew_lease(run_id=run_id, generation=generation, worker_id=self.worker_id,
+                                        now=datetime.now(UTC), lease_ttl=self.settings.lease_ttl)
 
     @cached_property
     def journal(self) -> Journal:

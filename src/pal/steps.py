@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import Any
 
 from pal import faults, retry
@@ -38,43 +36,6 @@ class StepResult:
     outcome: str  # a ClaimOutcome value, or "completed" / "failed" / "retrying" / "fenced"
     dispatched: tuple[str, ...] = ()
     finished: bool = False
-
-
-class Heartbeat:
-    """Renews the run's lease every third of its TTL while a node runs."""
-
-    def __init__(self, rt: Runtime, run_id: str, generation: int) -> None:
-        self._rt, self._run_id, self._generation = rt, run_id, generation
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"lease:{run_id}", daemon=True)
-        self.lost = False
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
-        interval = self._rt.settings.lease_ttl / 3
-        worker_id = self._rt.worker_id
-        while not self._stop.wait(interval):
-            try:
-                held = self._rt.journal.renew_lease(
-                    run_id=self._run_id, generation=self._generation, worker_id=worker_id,
-                    now=utcnow(), lease_ttl=self._rt.settings.lease_ttl)
-            except PalError:
-                log.warning("lease renewal of run %s failed; will retry", self._run_id,
-                            exc_info=True)
-                continue
-            if not held:
-                self.lost = True
-                log.warning("run %s: lease generation %d was taken over", self._run_id,
-                            self._generation)
-                return
 
 
 class JournalReceipts:
@@ -145,7 +106,7 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
         ctx = StepContext(run_id=run_id, step_id=step_id, attempt=claim.attempt, input=claim.run.input,
                           outputs=outputs, services=rt, receipts=receipts, started_at=utcnow(), loop=loop)
         policy = retry.parse_policy(node.data.get("retry"))
-        with Heartbeat(rt, run_id, generation):
+        with rt.leases.holding(run_id, generation):
             faults.point("before_effect", step_id, run_id)
             result = node.kind.execute(node.data, ctx)
             faults.point("after_effect", step_id, run_id)

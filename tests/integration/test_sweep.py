@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +15,7 @@ from pal.journal import Recovery
 from pal.recovery import RECOVERY_LEASE_SECONDS, ResumeRefused, redrive, resume, sweep
 from pal.steps import execute_step, utcnow
 from tests.conftest import Backend
-from tests.support.graphs import linear
+from tests.support.graphs import linear, single
 from tests.support.tools import calls
 
 Message = tuple[str, str, int]
@@ -204,3 +205,30 @@ def test_a_claimed_recovery_is_not_sent_again(client: Client, outbox: list[Messa
     assert claim.outcome.value == "run"
     later = stolen_at + timedelta(seconds=RECOVERY_LEASE_SECONDS - 1)
     assert sweep(client.runtime, now=later).redelivered == {}
+
+
+def test_a_step_that_outlives_its_lease_keeps_it_renewed(backend: Backend) -> None:
+    """A 4.5 s step under a 1.5 s lease: the process's lease keeper renews it every 0.5 s, so a
+    sweep at any moment meanwhile finds nothing to steal, and the step completes on generation 1."""
+    client = Client(dataclasses.replace(backend.settings, lease_ttl=1.5))
+    sent: list[Message] = []
+    client.runtime.publish = lambda *m, countdown=0.0: sent.append(m)
+    run_id = client.start_run(single({"id": "slow", "type": "tool", "data": {"tool": "nap", "args": {"seconds": 4.5}}}), {})
+    execute_step(client.runtime, *sent.pop(0))  # the trigger
+    step = threading.Thread(target=execute_step, args=(client.runtime, *sent.pop(0)))
+    step.start()
+    expiries = set()
+    while step.is_alive():
+        lease = client.runtime.journal.get_lease(run_id)
+        assert lease is not None
+        expiries.add(lease.expires_at)
+        assert sweep(client.runtime).found == 0
+        step.join(timeout=0.25)
+    assert len(expiries) >= 4  # the claim's expiry and at least three renewals
+    while sent:
+        execute_step(client.runtime, *sent.pop(0))
+    events = client.events(run_id)
+    assert client.get_run(run_id).status == "succeeded"
+    assert "run_recovered" not in [e.kind for e in events]
+    assert {e.generation for e in events if e.step_id == "slow"} == {1}
+    client.close()

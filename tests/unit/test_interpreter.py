@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -280,3 +281,41 @@ def test_random_dags_run_each_step_once_and_finish(
     final = interpreter.progress(graph, completed)
     assert final.finished
     assert final.skipped == set(graph.nodes) - set(completed)
+
+
+def whole_walk_handoff(graph: Graph, completed: dict[str, Any], step_id: str) -> tuple[str, ...]:
+    """The reference hand-off: what is ready after the completion and was not before it."""
+    program = interpreter.GraphProgram(graph)
+    before = set(program.frontier({k: v for k, v in completed.items() if k != step_id}))
+    return tuple(s for s in program.frontier(completed) if s not in before)
+
+
+@settings(max_examples=200, deadline=None)
+@given(run=random_runs(), data=st.data())
+def test_local_handoff_equals_the_whole_walk(run: tuple[Graph, dict[str, str]], data: st.DataObject) -> None:
+    graph, branches = run
+    completed: dict[str, Any] = {}
+    in_flight = [graph.trigger_id]
+    while in_flight:
+        step_id = in_flight.pop(data.draw(st.integers(min_value=0, max_value=len(in_flight) - 1)))
+        completed[step_id] = chose(branches[step_id]) if step_id in branches else {"of": step_id}
+        result = interpreter.handoff(graph, completed, step_id)
+        assert result.dispatch == whole_walk_handoff(graph, completed, step_id)
+        in_flight.extend(result.dispatch)
+
+
+def test_a_join_behind_a_long_pending_chain_falls_back_to_the_whole_walk() -> None:
+    """Classifying the join would climb the other 600-node chain: past the local limit, the
+    hand-off walks the whole graph instead, with the same answer."""
+    nodes = {"t": "trigger", "join": "tool", "out": "output"}
+    edges: list[tuple[str, str] | tuple[str, str, str]] = [("join", "out")]
+    for chain in "ab":
+        ids = [f"{chain}{i}" for i in range(600)]
+        nodes |= dict.fromkeys(ids, "tool")
+        edges += [("t", ids[0]), *itertools.pairwise(ids), (ids[-1], "join")]
+    graph = build(nodes, edges)
+    completed: dict[str, Any] = {"t": {}} | {f"a{i}": {} for i in range(600)} | {"b0": {}}
+    assert interpreter.handoff(graph, completed, "a599").dispatch == () == whole_walk_handoff(
+        graph, completed, "a599")
+    completed |= {f"b{i}": {} for i in range(600)}
+    assert interpreter.handoff(graph, completed, "b599").dispatch == ("join",)

@@ -1,0 +1,76 @@
+"""What a claim and a hand-off need of one run's journal, kept per process and read incrementally.
+
+A step's claim must know which steps completed (and their outputs, for templates), which were
+retried (the attempt number and the backoff), and which are parked. Reading all of that for every
+step makes a run of n steps cost O(n²); instead each process keeps a `StepLog` per run and reads only
+the events after the last `seq` it has seen.
+
+That is sound because every event of these kinds is appended under the run's lock row (a fenced
+claim, completion, retry or park, or a locked decision): for one run, their seqs are allocated and
+committed in the same order, so the visible ones always form a prefix in seq order. A log is kept
+only once the transaction that read it has committed, so a completion that was rolled back never
+lingers here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+LOG_KINDS = ("step_completed", "step_retrying", "step_waiting")
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class StepLog:
+    """One run's step events up to `seq`: completed outputs, retry payloads, parked steps."""
+
+    seq: int = 0
+    outputs: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    retries: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=lambda: _EMPTY)
+    waited: frozenset[str] = frozenset()
+
+    def extended(self, rows: Iterable[Any]) -> StepLog:
+        """This log with later events (rows of seq, step_id, kind, payload, in seq order) added;
+        the log itself is never changed, readers in other threads may hold it."""
+        outputs, retries, waited, seq = dict(self.outputs), dict(self.retries), set(self.waited), self.seq
+        for row in rows:
+            seq = max(seq, row.seq)
+            if row.kind == "step_completed":
+                outputs[row.step_id] = (row.payload or {}).get("output")
+            elif row.kind == "step_retrying":
+                retries[row.step_id] = (*retries.get(row.step_id, ()), row.payload or {})
+            elif row.kind == "step_waiting":
+                waited.add(row.step_id)
+        return StepLog(seq, MappingProxyType(outputs), MappingProxyType(retries), frozenset(waited))
+
+
+class StepLogs:
+    """The logs of the runs this process touched last (least recently used ones are dropped)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._logs: OrderedDict[str, StepLog] = OrderedDict()
+        self._lock = threading.Lock()  # workers and the API share one Journal across threads
+
+    def get(self, run_id: str) -> StepLog:
+        with self._lock:
+            log = self._logs.get(run_id)
+            if log is None:
+                return StepLog()
+            self._logs.move_to_end(run_id)
+            return log
+
+    def remember(self, run_id: str, log: StepLog) -> None:
+        """Keep `log` (read by a committed transaction) unless a longer one is already kept."""
+        with self._lock:
+            known = self._logs.get(run_id)
+            if known is None or known.seq < log.seq:
+                self._logs[run_id] = log
+            self._logs.move_to_end(run_id)
+            while len(self._logs) > self._size:
+                self._logs.popitem(last=False)
