@@ -19,7 +19,6 @@ scenario's shape, destroyed at the end, and the database is dropped, also on fai
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.metadata
 import json
@@ -42,7 +41,7 @@ if str(REPO) not in sys.path:
 
 from dbos import DBOS, DBOSConfig, WorkflowHandle  # noqa: E402
 
-from bench.throughput import cleanup_on_signals  # noqa: E402
+from bench.throughput import bench_arguments, cleanup_on_signals  # noqa: E402
 
 ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 SYSDB_URL = "postgresql://postgres@127.0.0.1:5432/{database}"  # DBOS swaps in its own driver (psycopg 3)
@@ -227,15 +226,7 @@ def print_table(result: dict[str, Any], reps: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=None, help="repetitions per scenario (default 3)")
-    parser.add_argument("--quick", action="store_true", help="1 rep, small workflows (a smoke test)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
-    args = parser.parse_args(argv)
-    reps = args.reps if args.reps is not None else (1 if args.quick else 3)
-    if not 1 <= reps <= 20:
-        parser.error("--reps must be between 1 and 20")
+    args, reps = bench_arguments(__doc__, "small workflows", None, argv)
     with cleanup_on_signals():
         result = measure(reps, args.quick)
     print_table(result, reps)

@@ -479,17 +479,26 @@ def cleanup_on_signals() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def bench_arguments(doc: str | None, quick: str, extra: Callable[[argparse.ArgumentParser], object] | None,
+                    argv: list[str] | None) -> tuple[argparse.Namespace, int]:
+    """The options every sized benchmark takes (--reps, --quick, --json, plus `extra`'s): the
+    parsed arguments and the repetitions (default 3, 1 with --quick)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=None, help="repetitions per measurement (default 3)")
-    parser.add_argument("--quick", action="store_true", help="1 rep, smaller graphs (a smoke test)")
-    parser.add_argument("--no-anatomy", action="store_true", help="skip the in-process per-step count")
+    parser.add_argument("--quick", action="store_true", help=f"1 rep, {quick} (a smoke test)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    if extra is not None:
+        extra(parser)
     args = parser.parse_args(argv)
-    reps = args.reps if args.reps is not None else (1 if args.quick else 3)
+    reps: int = args.reps if args.reps is not None else (1 if args.quick else 3)
     if not 1 <= reps <= 20:
         parser.error("--reps must be between 1 and 20")
+    return args, reps
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, reps = bench_arguments(__doc__, "smaller graphs", lambda parser: parser.add_argument(
+        "--no-anatomy", action="store_true", help="skip the in-process per-step count"), argv)
     if args.quick:
         scenarios = [Scenario("linear", 1, 60), Scenario("concurrent", 5, 40)]
     else:
