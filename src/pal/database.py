@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 _engines: dict[str, Engine] = {}
+PING_AFTER_IDLE_SECONDS = 1.0  # a pooled Postgres connection idle this long is pinged before use
+_IDLE_SINCE = "pal_idle_since"
 
 
 def normalize_url(url: str) -> sa.URL:
@@ -28,8 +31,33 @@ def create_engine(url: str) -> Engine:
         engine = sa.create_engine(parsed, connect_args={"timeout": 60})
         _configure_sqlite(engine)
         return engine
-    # pre_ping: a worker that outlives a Postgres restart reconnects instead of failing a step.
-    return sa.create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    engine = sa.create_engine(parsed, pool_size=5, max_overflow=5)
+    _ping_idle_connections(engine)
+    return engine
+
+
+def _ping_idle_connections(engine: Engine) -> None:
+    """Ping a pooled connection before use only when it sat idle: a busy worker reuses its
+    connection within milliseconds, and a ping on every checkout was two of a step's round trips.
+    A connection that died while busy (a Postgres restart) fails its next transaction instead;
+    SQLAlchemy then renews the whole pool, and the step protocol retries that transaction once
+    (pal.steps), so nothing is lost either way."""
+
+    @sa.event.listens_for(engine, "checkin")
+    def _idle_from(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def _ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get(_IDLE_SINCE)
+        if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE_SECONDS:
+            return
+        try:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("SELECT 1")
+            cursor.close()
+        except engine.dialect.loaded_dbapi.Error as exc:
+            raise sa.exc.DisconnectionError("the pooled connection is gone") from exc  # the pool reconnects
 
 
 def shared_engine(url: str) -> Engine:

@@ -42,6 +42,8 @@ class ToolError(PalError):
 class StorageError(PalError):
     """The journal database refused or failed an operation."""
 
+    disconnected = False  # the connection was lost (a database restart): the pool now has fresh ones
+
 
 class Refused(PalError):
     """The request is refused in the run's current state; nothing was changed."""

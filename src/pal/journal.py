@@ -164,7 +164,7 @@ class ClaimOutcome(Enum):
 @dataclass(frozen=True)
 class Claim:
     outcome: ClaimOutcome
-    run: RunRecord | None = None
+    run: RunRecord | None = None  # as first read by this process: status and totals may be stale
     attempt: int = 0
     completed: Mapping[str, Any] | None = None
     wait_s: float = 0.0  # BACKOFF: seconds until the next attempt is due
@@ -199,6 +199,7 @@ class Journal:
         # read incrementally (pal.step_log says why that is sound).
         self._graphs: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._logs = StepLogs(OUTPUT_CACHE_RUNS)
+        self._claimed_runs: OrderedDict[str, RunRecord] = OrderedDict()
         self._cache_lock = threading.Lock()  # workers and the API share one Journal across threads
         self._insert: Callable[..., Any] = (
             postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
@@ -224,7 +225,9 @@ class Journal:
             message = str(exc.orig)
             if "no such table" in message or "does not exist" in message:
                 message += " (is the schema installed? run `pal db upgrade`)"
-            raise StorageError(f"journal database error: {message}") from exc
+            error = StorageError(f"journal database error: {message}")
+            error.disconnected = exc.connection_invalidated
+            raise error from exc
         for action in committed:
             action()
 
@@ -298,9 +301,9 @@ class Journal:
                 ).scalar()
                 terminal = status is None or status in TERMINAL_STATUSES
                 return Claim(ClaimOutcome.TERMINAL if terminal else ClaimOutcome.STALE)
-            run = self._run(conn, run_id)
-            if run.terminal:
-                return Claim(ClaimOutcome.TERMINAL, run)
+            # The fence held, so the run is in flight (a finished run has no lock row, a parked
+            # one a newer generation): what a claim needs of it never changes once written.
+            run = self._known_run(conn, run_id)
             log = self._step_log(conn, run_id)
             if step_id in log.outputs:
                 return Claim(ClaimOutcome.COMPLETED, run)
@@ -321,13 +324,28 @@ class Journal:
                                    on_conflict_skip=True)
             if started is None:
                 return Claim(ClaimOutcome.DUPLICATE, run)
-            if run.status == "queued":
+            if not log.outputs:  # a first step: the run may still be queued
                 conn.execute(
                     runs.update()
                     .where(runs.c.id == run_id, runs.c.status == "queued")
                     .values(status="running", started_at=now)
                 )
         return Claim(ClaimOutcome.RUN, run, attempt, log.outputs)
+
+    def _known_run(self, conn: sa.Connection, run_id: str) -> RunRecord:
+        """The run as this process first read it: its plan, input and parent are what a claim
+        uses, and they never change (its status and totals may be stale)."""
+        with self._cache_lock:
+            run = self._claimed_runs.get(run_id)
+            if run is not None:
+                self._claimed_runs.move_to_end(run_id)
+                return run
+        run = self._run(conn, run_id)
+        with self._cache_lock:
+            self._claimed_runs[run_id] = run
+            while len(self._claimed_runs) > OUTPUT_CACHE_RUNS:
+                self._claimed_runs.popitem(last=False)
+        return run
 
     def renew_lease(
         self, *, run_id: str, generation: int, worker_id: str, now: datetime, lease_ttl: float

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pal import faults, retry
 from pal.config import Settings
-from pal.errors import LeaseLost, OutputTooLarge, PalError, StepError
+from pal.errors import LeaseLost, OutputTooLarge, PalError, StepError, StorageError
 from pal.interpreter import Program
 from pal.journal import ClaimOutcome, RunRecord
 from pal.limits import depth_problem
@@ -25,6 +26,7 @@ from pal.nodes.base import Park, Receipt
 from pal.runtime import Runtime
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def utcnow() -> datetime:
@@ -83,8 +85,9 @@ def _check_output(output: Any, settings: Settings) -> None:
 def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> StepResult:
     """Run one step of one run, exactly as one `pal.execute_node` message asks."""
     settings, journal, worker_id = rt.settings, rt.journal, rt.worker_id
-    claim = journal.claim_step(run_id=run_id, step_id=step_id, generation=generation,
-                               worker_id=worker_id, now=utcnow(), lease_ttl=settings.lease_ttl)
+    claim = _once_more_if_disconnected(lambda: journal.claim_step(
+        run_id=run_id, step_id=step_id, generation=generation, worker_id=worker_id, now=utcnow(),
+        lease_ttl=settings.lease_ttl))
     if claim.outcome is ClaimOutcome.BACKOFF:
         # A re-drive reached a step that is waiting out its backoff: ring again when it is due
         # (a long wait is left to the sweep, at the lease's end).
@@ -128,12 +131,12 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
         # retry would start a second child); the lease lapses and a re-drive parks the same attempt.
         return _park(rt, claim.run, step_id, claim.attempt, generation, result, program)
     try:
-        handoff = journal.complete_step(
+        handoff = _once_more_if_disconnected(lambda: journal.complete_step(
             run_id=run_id, step_id=step_id, attempt=claim.attempt, generation=generation,
             output=result.output, worker_id=worker_id, now=utcnow(), lease_ttl=settings.lease_ttl,
             plan=lambda completed: program.handoff(completed, step_id), usage=result.usage,
             frontier=program.redrive_steps,
-        )
+        ))
     except LeaseLost:
         log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
         return StepResult("fenced")
@@ -146,6 +149,21 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
     if handoff.finished:
         _wake_parent(rt, claim.run.parent_run_id)
     return StepResult("completed", handoff.dispatch, handoff.finished)
+
+
+def _once_more_if_disconnected(operation: Callable[[], T]) -> T:
+    """Run a claim or a completion; once more if the connection it used had died (a Postgres
+    restart), on the fresh connection the pool now has. Safe even if the first try committed
+    before the connection dropped: the claim then finds its own step_started (a duplicate: the
+    lease lapses and the sweep re-drives), the completion its own step_completed (nothing to hand
+    off: the same)."""
+    try:
+        return operation()
+    except StorageError as exc:
+        if not exc.disconnected:
+            raise
+        log.warning("journal connection lost (%s); trying once more", exc)
+        return operation()
 
 
 def _park(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: int, park: Park,
