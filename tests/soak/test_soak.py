@@ -154,6 +154,7 @@ def test_soak_under_sigkill_redis_flush_and_postgres_restart(
     record(f"soak: runs {len(run_ids)} (+{report['children']} children), succeeded {report['succeeded']}, "
           f"failed in doubt {report['in_doubt']}, kills {chaos.kills}, redis flushes {chaos.redis_flushes}, "
           f"postgres restarts {chaos.postgres_restarts}, recoveries {report['recoveries']}, "
+          f"redeliveries {report['redeliveries']}, "
           f"tool re-executions {report['tool_repeats']}, violations {len(json.loads(doctor.stdout or '[]'))}")
     assert unfinished == [], f"seed {seed}: not terminal after the chaos: {unfinished[:10]}"
     assert doctor.returncode == 0, f"seed {seed}: {doctor.stdout}{doctor.stderr}"
@@ -183,11 +184,13 @@ def _report(client: Client, run_ids: list[str], model: FakeModelServer, strict: 
     strict_keys = Counter(strict.idempotency_keys())
     effective = Counter(r.headers.get("idempotency-key") for r in idempotent.effective_deliveries())
     report: dict[str, Any] = {"succeeded": 0, "in_doubt": 0, "other_failures": [], "twice": [],
-                              "missing": [], "recoveries": 0, "children": 0}
+                              "missing": [], "recoveries": 0, "redeliveries": 0, "children": 0}
     tool_calls = Counter(calls(log))
     for n, run_id in enumerate(run_ids):
         run = client.get_run(run_id)
-        report["recoveries"] += sum(e.kind == "run_recovered" for e in client.events(run_id))
+        kinds = [e.kind for e in client.events(run_id)]
+        report["recoveries"] += kinds.count("run_recovered")
+        report["redeliveries"] += kinds.count("run_redelivered")
         report["children"] += len(client.runtime.journal.children(run_id))
         ask, hook, notify = (idempotency_key(run_id, step, 1) for step in ("ask", "hook", "notify"))
         if strict_keys[notify] > 1:  # a receiver that does not de-duplicate got it twice
