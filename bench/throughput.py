@@ -342,7 +342,6 @@ class Floor:
 class StepCost:
     statements: int = 0
     commits: int = 0
-    pings: int = 0
     rows: int = 0
     db_seconds: float = 0.0
     seconds: float = 0.0
@@ -352,8 +351,8 @@ class StepCost:
 def anatomy(infra: Infra, length: int, tmp: Path) -> list[tuple[str, StepCost]]:
     """Run one linear graph in this process (no broker), counting what each step does.
 
-    Every SQL statement and COMMIT is one Postgres round trip; each checkout of a pooled
-    connection also pings (pool_pre_ping). Publishing is recorded, not sent.
+    Every SQL statement and COMMIT is one Postgres round trip (a pooled connection is pinged only
+    after 1 s idle, which a busy step loop never is). Publishing is recorded, not sent.
     """
     schema, url = infra.new_schema("anatomy")
     try:
@@ -387,18 +386,6 @@ def anatomy(infra: Infra, length: int, tmp: Path) -> list[tuple[str, StepCost]]:
         @sa.event.listens_for(engine, "commit")
         def _commit(*_: Any) -> None:
             cost.commits += 1
-
-        do_ping = engine.dialect.do_ping
-
-        def counted_ping(dbapi_connection: Any) -> bool:
-            cost.pings += 1
-            t = time.perf_counter()
-            try:
-                return bool(do_ping(dbapi_connection))
-            finally:
-                cost.db_seconds += time.perf_counter() - t
-
-        engine.dialect.do_ping = counted_ping  # type: ignore[method-assign]
 
         def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -438,7 +425,7 @@ def summarize_anatomy(per_step: list[tuple[str, StepCost]]) -> list[str]:
         n = len(items)
         mean: Callable[[Callable[[StepCost], float]], float] = lambda f: sum(map(f, items)) / n  # noqa: E731
         return (f"  {label:<22} {mean(lambda c: c.statements):6.1f} {mean(lambda c: c.commits):5.1f} "
-                f"{mean(lambda c: c.pings):5.1f} {mean(lambda c: c.rows):7.1f} "
+                f"{mean(lambda c: c.rows):7.1f} "
                 f"{mean(lambda c: c.phases.get('publishes', 0)):4.1f} "
                 f"{1000 * mean(lambda c: c.phases.get('claim', 0.0)):7.2f} "
                 f"{1000 * mean(lambda c: c.phases.get('complete', 0.0)):8.2f} "
@@ -446,7 +433,7 @@ def summarize_anatomy(per_step: list[tuple[str, StepCost]]) -> list[str]:
 
     tools = [c for s, c in per_step if s.startswith("n")]
     k = min(20, max(1, len(tools) // 4))
-    lines = [f"  {'steps':<22} {'stmts':>6} {'commit':>5} {'ping':>5} {'rows':>7} {'pub':>4} "
+    lines = [f"  {'steps':<22} {'stmts':>6} {'commit':>5} {'rows':>7} {'pub':>4} "
              f"{'claimms':>7} {'complms':>8} {'dbms':>6} {'stepms':>7}"]
     lines.append(row(f"first {k} tool steps", tools[:k]))
     lines.append(row(f"last {k} tool steps", tools[-k:]))
