@@ -48,25 +48,23 @@ import psycopg2.extras
 import sqlalchemy as sa
 
 from bench.throughput import (
-    KEY_ROOT,
     Infra,
     bench_arguments,
+    bench_schema,
     cleanup_on_signals,
     linear_graph,
     log_tail,
-    pal_settings,
     start_process,
     stop_process,
 )
 from pal.client import Client
 from pal.config import Settings
-from pal.database import create_engine, normalize_url
+from pal.database import normalize_url
 from pal.journal import Journal
 from pal.recovery import SWEEP_BATCH, redrive, sweep
 from pal.runs import start_run
 from pal.runtime import Runtime
 from pal.schema import journal_events, run_locks, runs
-from pal.schema.migrate import upgrade
 from pal.steps import execute_step, utcnow
 
 SWEEP_PASSES_PER_REP = 5  # a pass takes milliseconds: several samples per rep
@@ -109,24 +107,6 @@ class Outbox:
 
 
 # ---------------------------------------------------------------------------- schema, SQL
-
-
-@contextlib.contextmanager
-def bench_schema(infra: Infra, label: str, tmp: Path) -> Iterator[tuple[str, Settings, dict[str, str]]]:
-    """A fresh migrated schema with its settings and worker environment; dropped on the way out."""
-    schema, url = infra.new_schema(label)
-    prefix = f"{KEY_ROOT}{schema}:"
-    try:
-        engine = create_engine(url)
-        upgrade(engine)
-        engine.dispose()
-        home = tmp / schema
-        home.mkdir()
-        settings, env = pal_settings(url, home, prefix, f"palbench-{schema}")
-        yield schema, settings, env
-    finally:
-        infra.drop_schema(schema)
-        infra.delete_keys(prefix)
 
 
 @contextlib.contextmanager

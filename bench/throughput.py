@@ -224,47 +224,61 @@ def pal_settings(url: str, home: Path, prefix: str, queue: str) -> tuple[Setting
     return load_settings({k: v for k, v in env.items() if k.startswith("PAL_")}), env
 
 
-def measure_pal(infra: Infra, scenario: Scenario, tmp: Path) -> Measurement:
-    """One PAL measurement: fresh schema, prefix, queue and `pal worker`; all removed after."""
-    schema, url = infra.new_schema("pal")
+@contextlib.contextmanager
+def bench_schema(infra: Infra, label: str, tmp: Path) -> Iterator[tuple[str, Settings, dict[str, str]]]:
+    """A fresh migrated schema with its settings and worker environment (own key prefix and
+    queue); the schema and the keys are removed on the way out."""
+    schema, url = infra.new_schema(label)
     prefix = f"{KEY_ROOT}{schema}:"
-    engine = create_engine(url)
-    upgrade(engine)
-    engine.dispose()
-    home = tmp / schema
-    home.mkdir()
-    settings, env = pal_settings(url, home, prefix, f"palbench-{schema}")
-    log = home / "worker.log"
-    worker = start_process(
-        [sys.executable, "-m", "pal.cli", "worker", "--concurrency", str(CONCURRENCY),
-         "--loglevel", "WARNING"], env, log)
-    client = Client(settings)
     try:
-        # Warm-up: both pool processes import, connect and parse a graph before the clock starts.
-        warm = [client.start_run(linear_graph(2)) for _ in range(4)]
-        try:
-            _wait_terminal(client, warm, READY_TIMEOUT)
-        except TimeoutError:
-            raise RuntimeError(f"pal worker not ready; log tail:\n{log_tail(log)}") from None
-        graph = linear_graph(scenario.nodes)
-        t0 = time.time()
-        run_ids = [client.start_run(graph) for _ in range(scenario.graphs)]
-        try:
-            runs = _wait_terminal(client, run_ids, MEASURE_TIMEOUT)
-        except TimeoutError as exc:
-            raise RuntimeError(f"{exc}; worker log tail:\n{log_tail(log)}") from None
-        bad = [r.status for r in runs if r.status != "succeeded"]
-        if bad:
-            raise RuntimeError(f"PAL runs ended {bad}; worker log tail:\n{log_tail(log)}")
-        end = max(r.finished_at.timestamp() for r in runs)
-        steps = sum(sum(1 for e in client.events(r) if e.kind == "step_completed") for r in run_ids)
-        return Measurement(steps, end - t0)
+        engine = create_engine(url)
+        upgrade(engine)
+        engine.dispose()
+        home = tmp / schema
+        home.mkdir()
+        settings, env = pal_settings(url, home, prefix, f"palbench-{schema}")
+        yield schema, settings, env
     finally:
-        client.runtime.journal.engine.dispose()
-        client.close()
-        stop_process(worker)
         infra.drop_schema(schema)
         infra.delete_keys(prefix)
+
+
+def measure_pal(infra: Infra, scenario: Scenario, tmp: Path) -> Measurement:
+    """One PAL measurement: fresh schema, prefix, queue and `pal worker`; all removed after."""
+    with bench_schema(infra, "pal", tmp) as (schema, settings, env):
+        log = tmp / schema / "worker.log"
+        worker = start_process(
+            [sys.executable, "-m", "pal.cli", "worker", "--concurrency", str(CONCURRENCY),
+             "--loglevel", "WARNING"], env, log)
+        client = Client(settings)
+        try:
+            return _timed_runs(client, scenario, log)
+        finally:
+            client.runtime.journal.engine.dispose()
+            client.close()
+            stop_process(worker)
+
+
+def _timed_runs(client: Client, scenario: Scenario, log: Path) -> Measurement:
+    # Warm-up: both pool processes import, connect and parse a graph before the clock starts.
+    warm = [client.start_run(linear_graph(2)) for _ in range(4)]
+    try:
+        _wait_terminal(client, warm, READY_TIMEOUT)
+    except TimeoutError:
+        raise RuntimeError(f"pal worker not ready; log tail:\n{log_tail(log)}") from None
+    graph = linear_graph(scenario.nodes)
+    t0 = time.time()
+    run_ids = [client.start_run(graph) for _ in range(scenario.graphs)]
+    try:
+        runs = _wait_terminal(client, run_ids, MEASURE_TIMEOUT)
+    except TimeoutError as exc:
+        raise RuntimeError(f"{exc}; worker log tail:\n{log_tail(log)}") from None
+    bad = [r.status for r in runs if r.status != "succeeded"]
+    if bad:
+        raise RuntimeError(f"PAL runs ended {bad}; worker log tail:\n{log_tail(log)}")
+    end = max(r.finished_at.timestamp() for r in runs)
+    steps = sum(sum(1 for e in client.events(r) if e.kind == "step_completed") for r in run_ids)
+    return Measurement(steps, end - t0)
 
 
 class Floor:
