@@ -749,7 +749,7 @@ class Journal:
     def violations(self) -> list[Violation]:
         """Every breach of the journal's invariants (`pal doctor`); empty when the journal is clean."""
         checks = (self._twice, self._terminal_leases, self._status_vs_journal, self._unstarted,
-                  self._orphan_receipts, self._totals, self._seq_order)
+                  self._started_again, self._orphan_receipts, self._totals, self._seq_order)
         with self._tx() as conn:
             return [v for check in checks for v in check(conn)]
 
@@ -791,6 +791,17 @@ class Journal:
                 started.c.seq < je.c.seq)))
         return [Violation("completed_without_start", r.run_id, r.step_id,
                           f"step_completed (seq {r.seq}) of attempt {r.attempt} has no earlier step_started")
+                for r in rows]
+
+    def _started_again(self, conn: sa.Connection) -> list[Violation]:
+        """A step started after it completed: a replay or a claim ran a finished step again."""
+        je, done = journal_events, journal_events.alias("done")
+        rows = conn.execute(sa.select(je.c.run_id, je.c.step_id, je.c.seq, je.c.generation).where(
+            je.c.kind == "step_started", sa.exists().where(
+                done.c.run_id == je.c.run_id, done.c.step_id == je.c.step_id,
+                done.c.kind == "step_completed", done.c.seq < je.c.seq)))
+        return [Violation("started_after_completion", r.run_id, r.step_id,
+                          f"step_started (seq {r.seq}, generation {r.generation}) after its step_completed")
                 for r in rows]
 
     def _orphan_receipts(self, conn: sa.Connection) -> list[Violation]:

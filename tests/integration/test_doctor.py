@@ -48,6 +48,7 @@ PLANTS: dict[str, Callable[[sa.Connection, str], None]] = {
     "status_disagrees_with_journal": lambda c, r: c.execute(
         runs.update().where(runs.c.id == r).values(status="running")),
     "completed_without_start": lambda c, r: c.execute(event(r, "step_completed", "ghost", 1, {"output": 1})),
+    "started_after_completion": lambda c, r: c.execute(event(r, "step_started", "s0", 2, {"attempt": 2})),
     "receipt_without_step": lambda c, r: c.execute(side_effect_receipts.insert().values(
         idempotency_key="k" * 64, run_id=r, step_id="never", attempt=1, effect_kind="webhook", target="x",
         status="delivered", response=None, created_at=utcnow(), updated_at=utcnow())),

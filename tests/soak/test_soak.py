@@ -52,11 +52,13 @@ class Chaos:
 
 
 def mixed_graph(log: Path, strict_url: str, idempotent_url: str) -> dict[str, Any]:
-    """start -> count -> ask (model) -> hook (idempotent receiver) -> notify (strict receiver)
+    """start -> count -> think (a nap) -> ask (model) -> hook (idempotent receiver) -> notify (strict receiver)
     -> each (a loop of two counted items) -> sub (a subagent counting once) -> out."""
     nodes = [
         {"id": "start", "type": "trigger"},
         _count("count", log, "count-{{ input.n }}"),
+        # A step that takes a while, so that kills find steps running, not only queued messages.
+        {"id": "think", "type": "tool", "data": {"tool": "nap", "args": {"seconds": 0.2}}},
         {"id": "ask", "type": "ai-step", "data": {"provider": "openai", "model": "gpt-4o-mini",
                                                  "prompt": "Reply to ticket {{ input.n }}"}},
         {"id": "hook", "type": "connector", "data": {"url": idempotent_url, "idempotentReceiver": True,
