@@ -649,6 +649,15 @@ class Journal:
         seconds from now unless a worker claims one first (see `redeliver`).
         """
         expires = now + timedelta(seconds=lease_ttl)
+        try:
+            return self._recover(run_id, worker_id, now, expires, plan, require_expired, allow_idle,
+                                 redeliver_after)
+        except _FinishedMeanwhile:
+            return None
+
+    def _recover(self, run_id: str, worker_id: str, now: datetime, expires: datetime,
+                 plan: Callable[[RunRecord, Mapping[str, Any]], Sequence[str]], require_expired: bool,
+                 allow_idle: bool, redeliver_after: float | None) -> Recovery | None:
         with self._tx() as conn:
             run = self._run(conn, run_id)
             if run.status not in IN_FLIGHT_STATUSES:
@@ -672,7 +681,9 @@ class Journal:
                 run_id=run_id, worker_id=worker_id, expires_at=expires, generation=1,
                 redeliver_at=redeliver_at,
             )
-            update_where = sa.true() if take_live else run_locks.c.expires_at < now
+            # Never a parked run's wake-up timer: the run may have parked since it was read.
+            update_where = sa.and_(run_locks.c.worker_id != PARKED,
+                                   sa.true() if take_live else run_locks.c.expires_at < now)
             stmt = stmt.on_conflict_do_update(
                 index_elements=[run_locks.c.run_id],
                 set_={"worker_id": worker_id, "expires_at": expires, "redeliver_at": redeliver_at,
@@ -682,6 +693,11 @@ class Journal:
             generation = conn.execute(stmt).scalar()
             if generation is None:
                 return None
+            if generation == 1 and conn.execute(sa.select(runs.c.status).where(
+                    runs.c.id == run_id)).scalar() not in IN_FLIGHT_STATUSES:
+                # The lock row was inserted, not stolen: the run finished (and dropped its lease)
+                # after it was read above. Roll the insert back.
+                raise _FinishedMeanwhile(run_id)
             steps = tuple(plan(run, self._completed(conn, run_id)))
             self._append(conn, run_id, None, None, "run_recovered",
                          {"generation": generation, "resumed_steps": list(steps)},
@@ -1126,6 +1142,10 @@ class Journal:
         self._parent_due(conn, run_id, now)
         faults.point("during_finish", None, run_id)
         return True
+
+
+class _FinishedMeanwhile(Exception):
+    """Control flow: a re-drive found the run finished under it; its transaction rolls back."""
 
 
 def _missing(run_id: str) -> Any:

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from pal.client import Client
 from pal.journal import Recovery
 from pal.recovery import RECOVERY_LEASE_SECONDS, ResumeRefused, redrive, resume, sweep
+from pal.schema import run_locks
 from pal.steps import execute_step, utcnow
 from tests.conftest import Backend
 from tests.support.graphs import linear, single
@@ -232,3 +233,24 @@ def test_a_step_that_outlives_its_lease_keeps_it_renewed(backend: Backend) -> No
     assert "run_recovered" not in [e.kind for e in events]
     assert {e.generation for e in events if e.step_id == "slow"} == {1}
     client.close()
+
+
+def test_a_run_that_finished_after_the_sweep_read_it_gets_no_lease_back(
+        client: Client, outbox: list[Message], counter: Path) -> None:
+    """The race on purpose: the sweep read the run while it was running, then its last step finished
+    (dropping the lease) before the steal. The steal must not give a finished run a lock row."""
+    run_id = client.start_run(linear(counter, 1), {})
+    while outbox:
+        execute_step(client.runtime, *outbox.pop(0))
+    journal = client.runtime.journal
+    finished = journal.get_run(run_id)
+    assert finished.status == "succeeded"
+    stale = dataclasses.replace(finished, status="running")  # what the sweep saw a moment earlier
+    journal._run = lambda _conn, _run_id: stale  # type: ignore[method-assign,assignment]
+    assert redrive(client.runtime, run_id, require_expired=False) is None
+    del journal._run
+    with journal.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(run_locks)
+                            .where(run_locks.c.run_id == run_id)).scalar() == 0
+    assert "run_recovered" not in [e.kind for e in client.events(run_id)]
+    assert journal.violations() == []
