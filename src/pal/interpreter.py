@@ -21,12 +21,6 @@ from typing import Any, Protocol
 from pal.graph import Edge, Graph, Node
 
 
-class EdgeState(Enum):
-    LIVE = "live"
-    DEAD = "dead"
-    PENDING = "pending"
-
-
 @dataclass(frozen=True)
 class Progress:
     completed: frozenset[str]
@@ -52,15 +46,6 @@ class Handoff:
     error: Mapping[str, Any] | None = None  # a finished run that failed (e.g. a turn limit)
 
 
-def _edge_state(graph: Graph, edge: Edge, completed: Mapping[str, Any],
-                skipped: set[str]) -> EdgeState:
-    if edge.source in skipped:
-        return EdgeState.DEAD
-    if edge.source not in completed:
-        return EdgeState.PENDING
-    return EdgeState.LIVE if _chosen(graph, edge, completed) else EdgeState.DEAD
-
-
 def _chosen(graph: Graph, edge: Edge, completed: Mapping[str, Any]) -> bool:
     """Whether the edge out of a completed source is live: a branching source picks its edges."""
     if graph.nodes[edge.source].kind.branches:
@@ -68,36 +53,6 @@ def _chosen(graph: Graph, edge: Edge, completed: Mapping[str, Any]) -> bool:
         chosen = output.get("branch") if isinstance(output, Mapping) else None
         return bool(chosen == edge.source_handle)
     return True
-
-
-def progress(graph: Graph, completed: Mapping[str, Any]) -> Progress:
-    """Classify every node of `graph` given the outputs of its completed steps."""
-    ready: set[str] = set()
-    skipped: set[str] = set()
-    pending: set[str] = set()
-    for node_id in graph.order:
-        if node_id in completed:
-            continue
-        incoming = graph.incoming[node_id]
-        if not incoming:  # the trigger
-            ready.add(node_id)
-            continue
-        # Pending wins over live, live over dead (this runs for every node at every step: no sets).
-        live = waiting = False
-        for edge in incoming:
-            state = _edge_state(graph, edge, completed, skipped)
-            if state is EdgeState.PENDING:
-                waiting = True
-                break
-            live = live or state is EdgeState.LIVE
-        if waiting:
-            pending.add(node_id)
-        elif live:
-            ready.add(node_id)
-        else:
-            skipped.add(node_id)
-    done = frozenset(n for n in completed if n in graph.nodes)
-    return Progress(done, frozenset(ready), frozenset(skipped), frozenset(pending))
 
 
 class NodeState(Enum):
@@ -115,14 +70,16 @@ class WalkTooFar(Exception):
 
 
 def node_state(graph: Graph, node_id: str, completed: Mapping[str, Any],
-               known: dict[str, NodeState]) -> NodeState:
-    """One node's class under the rules of `progress`, found by looking upstream only as far as
-    needed (`known` memoizes, and may be shared across calls with the same `completed`). Raises
-    WalkTooFar past LOCAL_WALK_LIMIT nodes, which also bounds the recursion's depth."""
+               known: dict[str, NodeState], limit: int | None = LOCAL_WALK_LIMIT) -> NodeState:
+    """One node's class, found by looking upstream only as far as needed: completed; ready (every
+    incoming edge resolved, one live); skipped (every incoming edge dead: a skipped source, or a
+    branch not taken); pending (a source unresolved: joins wait for all). `known` memoizes and
+    may be shared across calls with the same `completed`. Raises WalkTooFar once `limit` nodes
+    are known, which also bounds the recursion's depth."""
     state = known.get(node_id)
     if state is not None:
         return state
-    if len(known) >= LOCAL_WALK_LIMIT:
+    if limit is not None and len(known) >= limit:
         raise WalkTooFar(node_id)
     if node_id in completed:
         state = NodeState.COMPLETED
@@ -132,7 +89,7 @@ def node_state(graph: Graph, node_id: str, completed: Mapping[str, Any],
         live = False
         state = NodeState.SKIPPED
         for edge in graph.incoming[node_id]:
-            source = node_state(graph, edge.source, completed, known)
+            source = node_state(graph, edge.source, completed, known, limit)
             if source is NodeState.SKIPPED:
                 continue  # a dead edge
             if source is not NodeState.COMPLETED:
@@ -143,6 +100,19 @@ def node_state(graph: Graph, node_id: str, completed: Mapping[str, Any],
             state = NodeState.READY if live else NodeState.SKIPPED
     known[node_id] = state
     return state
+
+
+def progress(graph: Graph, completed: Mapping[str, Any]) -> Progress:
+    """Classify every node of `graph` given the outputs of its completed steps (in topological
+    order, so each node finds its predecessors already classified)."""
+    known: dict[str, NodeState] = {}
+    for node_id in graph.order:
+        node_state(graph, node_id, completed, known, limit=None)
+    by_state: dict[NodeState, set[str]] = {state: set() for state in NodeState}
+    for node_id, state in known.items():
+        by_state[state].add(node_id)
+    return Progress(*(frozenset(by_state[s]) for s in
+                      (NodeState.COMPLETED, NodeState.READY, NodeState.SKIPPED, NodeState.PENDING)))
 
 
 def run_output(graph: Graph, completed: Mapping[str, Any]) -> Any:

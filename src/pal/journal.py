@@ -12,8 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ from sqlalchemy.engine import Engine
 from pal import faults, retry
 from pal.errors import LeaseBusy, LeaseLost, Refused, RunNotFound, StorageError
 from pal.interpreter import Handoff
+from pal.lru import Lru
 from pal.nodes.base import Receipt, Usage
 from pal.schema import (
     IN_FLIGHT_STATUSES,
@@ -39,7 +38,7 @@ from pal.schema import (
     runs,
     side_effect_receipts,
 )
-from pal.step_log import LOG_KINDS, StepLog, StepLogs
+from pal.step_log import LOG_KINDS, StepLog
 
 TERMINAL_EVENT = {"succeeded": "run_succeeded", "failed": "run_failed", "cancelled": "run_cancelled"}
 _ON_COMMIT = "pal_on_commit"  # Connection.info key of the current transaction's after-commit work
@@ -209,10 +208,9 @@ class Journal:
         # Caches, so a step does not decode the whole graph and re-read every earlier event: a
         # plan's document by (kind, hash) (a hash names one document), and each run's step log,
         # read incrementally (pal.step_log says why that is sound).
-        self._graphs: OrderedDict[tuple[str, str], Any] = OrderedDict()
-        self._logs = StepLogs(OUTPUT_CACHE_RUNS)
-        self._claimed_runs: OrderedDict[str, RunRecord] = OrderedDict()
-        self._cache_lock = threading.Lock()  # workers and the API share one Journal across threads
+        self._graphs: Lru[tuple[str, str], Any] = Lru(GRAPH_CACHE_SIZE)
+        self._logs: Lru[str, StepLog] = Lru(OUTPUT_CACHE_RUNS)
+        self._claimed_runs: Lru[str, RunRecord] = Lru(OUTPUT_CACHE_RUNS)
         self._insert: Callable[..., Any] = (
             postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         )
@@ -348,16 +346,10 @@ class Journal:
     def _known_run(self, conn: sa.Connection, run_id: str) -> RunRecord:
         """The run as this process first read it: its plan, input and parent are what a claim
         uses, and they never change (its status and totals may be stale)."""
-        with self._cache_lock:
-            run = self._claimed_runs.get(run_id)
-            if run is not None:
-                self._claimed_runs.move_to_end(run_id)
-                return run
-        run = self._run(conn, run_id)
-        with self._cache_lock:
-            self._claimed_runs[run_id] = run
-            while len(self._claimed_runs) > OUTPUT_CACHE_RUNS:
-                self._claimed_runs.popitem(last=False)
+        run = self._claimed_runs.get(run_id)
+        if run is None:
+            run = self._run(conn, run_id)
+            self._claimed_runs.put(run_id, run)
         return run
 
     def renew_lease(
@@ -1088,13 +1080,19 @@ class Journal:
     def _step_log(self, conn: sa.Connection, run_id: str) -> StepLog:
         """The run's step log as this transaction sees it: the process's copy plus the events
         after it; kept for the next step once this transaction commits."""
-        known = self._logs.get(run_id)
+        known = self._logs.get(run_id) or StepLog()
         rows = conn.execute(_LOG_SINCE, {"log_run": run_id, "log_after": known.seq}).all()
         if not rows:
             return known
         log = known.extended(rows)
-        self._on_commit(conn, lambda: self._logs.remember(run_id, log))
+        self._on_commit(conn, lambda: self._remember(run_id, log))
         return log
+
+    def _remember(self, run_id: str, log: StepLog) -> None:
+        # Keep the longest log; an older one would still be a correct prefix, only read more.
+        known = self._logs.get(run_id)
+        if known is None or known.seq < log.seq:
+            self._logs.put(run_id, log)
 
     def _run(self, conn: sa.Connection, run_id: str) -> RunRecord:
         row = conn.execute(_RUN_ROW, {"row_run": run_id}).mappings().first()
@@ -1105,17 +1103,12 @@ class Journal:
     def _graph(self, conn: sa.Connection, run_id: str, kind: str, graph_hash: str | None) -> Any:
         """The run's plan document; a hash names one document, so it is decoded once per process."""
         key = (kind, graph_hash or "")
-        with self._cache_lock:
-            cached = self._graphs.get(key) if graph_hash else None
-            if cached is not None:
-                self._graphs.move_to_end(key)
-                return cached
+        cached = self._graphs.get(key) if graph_hash else None
+        if cached is not None:
+            return cached
         graph = conn.execute(sa.select(runs.c.graph).where(runs.c.id == run_id)).scalar_one()
         if graph_hash:
-            with self._cache_lock:
-                self._graphs[key] = graph
-                while len(self._graphs) > GRAPH_CACHE_SIZE:
-                    self._graphs.popitem(last=False)
+            self._graphs.put(key, graph)
         return graph
 
     def _finish(self, conn: sa.Connection, run_id: str, status: str, generation: int,

@@ -17,6 +17,7 @@ from pal.database import shared_engine
 from pal.interpreter import Program
 from pal.journal import Journal, RunRecord
 from pal.leases import LeaseKeeper
+from pal.lru import Lru
 from pal.nodes.base import StepContext
 from pal.plans import program_of
 from pal.providers import Provider, get_provider
@@ -36,7 +37,7 @@ class Runtime:
     def __init__(self, settings: Settings, publish: Publish) -> None:
         self.settings = settings
         self.publish = publish
-        self._plans: dict[str, Program] = {}
+        self._plans: Lru[str, Program] = Lru(_PLAN_CACHE_SIZE)
         self.leases = LeaseKeeper(self._renew_lease, settings.lease_ttl)
         load_tool_modules(settings.tool_modules)
 
@@ -59,9 +60,7 @@ class Runtime:
         plan = self._plans.get(key)
         if plan is None:
             plan = program_of(run.kind, run.graph)
-            if len(self._plans) >= _PLAN_CACHE_SIZE:
-                self._plans.pop(next(iter(self._plans)))
-            self._plans[key] = plan
+            self._plans.put(key, plan)
         return plan
 
     # ------------------------------------------------ services for nodes (pal.nodes.base.Services)

@@ -14,8 +14,6 @@ lingers here.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -47,30 +45,3 @@ class StepLog:
             elif row.kind == "step_waiting":
                 waited.add(row.step_id)
         return StepLog(seq, MappingProxyType(outputs), MappingProxyType(retries), frozenset(waited))
-
-
-class StepLogs:
-    """The logs of the runs this process touched last (least recently used ones are dropped)."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._logs: OrderedDict[str, StepLog] = OrderedDict()
-        self._lock = threading.Lock()  # workers and the API share one Journal across threads
-
-    def get(self, run_id: str) -> StepLog:
-        with self._lock:
-            log = self._logs.get(run_id)
-            if log is None:
-                return StepLog()
-            self._logs.move_to_end(run_id)
-            return log
-
-    def remember(self, run_id: str, log: StepLog) -> None:
-        """Keep `log` (read by a committed transaction) unless a longer one is already kept."""
-        with self._lock:
-            known = self._logs.get(run_id)
-            if known is None or known.seq < log.seq:
-                self._logs[run_id] = log
-            self._logs.move_to_end(run_id)
-            while len(self._logs) > self._size:
-                self._logs.popitem(last=False)
