@@ -64,17 +64,12 @@ _EVENT_COLUMNS = {"run_id": "ev_run", "step_id": "ev_step", "attempt": "ev_attem
 _EVENT_VALUES: dict[str, Any] = {column: sa.bindparam(name) for column, name in _EVENT_COLUMNS.items()}
 
 
-def _fence_append_statement() -> sa.Insert:
-    """Postgres: the fence (a data-modifying CTE) and the event insert in one statement; no row
-    is inserted when the fence does not hold. The insert reads no table, so the snapshot the
-    statement started with cannot hide anything from it (reads that must see what the fence
-    waited for run in a later statement)."""
-    fence = _FENCE.cte("fence")
-    je = journal_events
-    row = sa.select(*(sa.bindparam(name, type_=je.c[column].type)
-                      for column, name in _EVENT_COLUMNS.items())).select_from(fence)
-    return (postgresql.insert(je).from_select(list(_EVENT_COLUMNS), row)
-            .on_conflict_do_nothing().returning(je.c.seq))
+# Postgres: the step protocol's server-side functions (migration 0005 says why), and the seqs of
+# the rows they return instead of events.
+_CLAIM_FENCE = "SELECT * FROM pal_claim_fence(%s, %s, %s, %s, %s)"
+_COMPLETE_FENCE = "SELECT * FROM pal_complete_fence(%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s)"
+_START_STEP = "SELECT pal_start_step(%s, %s, %s, %s, %s::jsonb, %s)"
+FENCED_OUT, ALREADY_COMPLETED = -1, -2
 
 
 Frontier = Callable[[Mapping[str, Any]], Sequence[str]]
@@ -219,7 +214,7 @@ class Journal:
         self._append_stmt = self._insert(journal_events).values(_EVENT_VALUES).returning(journal_events.c.seq)
         self._append_once_stmt = (self._insert(journal_events).values(_EVENT_VALUES)
                                   .on_conflict_do_nothing().returning(journal_events.c.seq))
-        self._fence_append_stmt = _fence_append_statement() if engine.dialect.name == "postgresql" else None
+        self._functions = engine.dialect.name == "postgresql"
 
     @contextmanager
     def _tx(self) -> Iterator[sa.Connection]:
@@ -306,7 +301,8 @@ class Journal:
     ) -> Claim:
         """Step protocol, phase 1: fence on the lease and append `step_started`."""
         with self._tx() as conn:
-            if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
+            log = self._fence_and_read(conn, run_id, generation, worker_id, now, lease_ttl)
+            if log is None:
                 status = conn.execute(
                     sa.select(runs.c.status).where(runs.c.id == run_id)
                 ).scalar()
@@ -315,7 +311,6 @@ class Journal:
             # The fence held, so the run is in flight (a finished run has no lock row, a parked
             # one a newer generation): what a claim needs of it never changes once written.
             run = self._known_run(conn, run_id)
-            log = self._step_log(conn, run_id)
             if step_id in log.outputs:
                 return Claim(ClaimOutcome.COMPLETED, run)
             if step_id in log.waited:
@@ -330,9 +325,7 @@ class Journal:
                     hold, _ = retry.backoff_lease(wait_s, lease_ttl)
                     self._fence(conn, run_id, generation, worker_id, now, hold)
                     return Claim(ClaimOutcome.BACKOFF, run, attempt, wait_s=wait_s)
-            started = self._append(conn, run_id, step_id, attempt, "step_started",
-                                   {"attempt": attempt, "worker": worker_id}, generation, now,
-                                   on_conflict_skip=True)
+            started = self._start(conn, run_id, step_id, attempt, worker_id, generation, now)
             if started is None:
                 return Claim(ClaimOutcome.DUPLICATE, run)
             if not log.outputs:  # a first step: the run may still be queued
@@ -376,9 +369,9 @@ class Journal:
                                 "output_tokens": usage.output_tokens,
                                 "cost_usd": str(usage.cost_usd)}
         with self._tx() as conn:
-            seq = self._fenced_append(conn, run_id, step_id, attempt, "step_completed", payload,
-                                      generation, worker_id, now, lease_ttl)
-            if seq is None:
+            log = self._complete_and_read(conn, run_id, step_id, attempt, payload, generation,
+                                          worker_id, now, lease_ttl)
+            if log is None:
                 return Handoff(dispatch=(), finished=False)
             if "usage" in payload and usage is not None:
                 conn.execute(
@@ -388,7 +381,7 @@ class Journal:
                         cost_usd=runs.c.cost_usd + usage.cost_usd,
                     )
                 )
-            decision = plan(self._completed(conn, run_id))
+            decision = plan(log.outputs)
             if decision.finished and decision.error is not None:
                 self._finish(conn, run_id, "failed", generation, now,
                              error=_json_safe(dict(decision.error)))
@@ -973,23 +966,52 @@ class Journal:
                                     "fence_worker": worker_id}).first()
         return row is not None
 
-    def _fenced_append(self, conn: sa.Connection, run_id: str, step_id: str, attempt: int, kind: str,
-                       payload: Mapping[str, Any], generation: int, worker_id: str, now: datetime,
-                       lease_ttl: float) -> int | None:
-        """`_fence`, then `_append` (once per step): the event's seq, None if it is already there;
-        LeaseLost when fenced out. On Postgres one statement (a round trip less per step)."""
-        if self._fence_append_stmt is None:
+    def _fence_and_read(self, conn: sa.Connection, run_id: str, generation: int, worker_id: str,
+                        now: datetime, lease_ttl: float) -> StepLog | None:
+        """`_fence`, then the run's step log as this transaction sees it; None when fenced out.
+        On Postgres one round trip."""
+        if not self._functions:
+            if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
+                return None
+            return self._step_log(conn, run_id)
+        known = self._logs.get(run_id) or StepLog()
+        rows = conn.exec_driver_sql(_CLAIM_FENCE, (
+            run_id, generation, worker_id, now + timedelta(seconds=lease_ttl), known.seq)).all()
+        if rows and rows[0].seq == FENCED_OUT:
+            return None
+        return self._read_on(conn, run_id, known, rows)
+
+    def _complete_and_read(self, conn: sa.Connection, run_id: str, step_id: str, attempt: int,
+                           payload: Mapping[str, Any], generation: int, worker_id: str,
+                           now: datetime, lease_ttl: float) -> StepLog | None:
+        """`_fence`, append `step_completed` (once per step), then the run's step log as this
+        transaction sees it; None if the step had completed already, LeaseLost when fenced out.
+        On Postgres one round trip."""
+        if not self._functions:
             if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
                 raise LeaseLost(f"run {run_id}: generation {generation} no longer holds the lease")
-            return self._append(conn, run_id, step_id, attempt, kind, payload, generation, now,
-                                on_conflict_skip=True)
-        seq: int | None = conn.execute(self._fence_append_stmt, {
-            "fence_run": run_id, "fence_generation": generation,
-            "fence_expires": now + timedelta(seconds=lease_ttl), "fence_worker": worker_id,
-            "ev_run": run_id, "ev_step": step_id, "ev_attempt": attempt, "ev_kind": kind,
-            "ev_payload": dict(payload), "ev_generation": generation, "ev_at": now}).scalar()
-        if seq is None and not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
+            seq = self._append(conn, run_id, step_id, attempt, "step_completed", payload, generation,
+                               now, on_conflict_skip=True)
+            return None if seq is None else self._step_log(conn, run_id)
+        known = self._logs.get(run_id) or StepLog()
+        rows = conn.exec_driver_sql(_COMPLETE_FENCE, (
+            run_id, generation, worker_id, now + timedelta(seconds=lease_ttl), known.seq,
+            step_id, attempt, json.dumps(payload), now)).all()
+        if rows and rows[0].seq == FENCED_OUT:
             raise LeaseLost(f"run {run_id}: generation {generation} no longer holds the lease")
+        if rows and rows[0].seq == ALREADY_COMPLETED:
+            return None
+        return self._read_on(conn, run_id, known, rows)
+
+    def _start(self, conn: sa.Connection, run_id: str, step_id: str, attempt: int, worker_id: str,
+               generation: int, now: datetime) -> int | None:
+        """Append `step_started`: its seq, None if this attempt was claimed under this generation."""
+        payload = {"attempt": attempt, "worker": worker_id}
+        if not self._functions:
+            return self._append(conn, run_id, step_id, attempt, "step_started", payload, generation,
+                                now, on_conflict_skip=True)
+        seq: int | None = conn.exec_driver_sql(_START_STEP, (
+            run_id, step_id, attempt, generation, json.dumps(payload), now)).scalar()
         return seq
 
     def _append(self, conn: sa.Connection, run_id: str, step_id: str | None,
@@ -1081,7 +1103,11 @@ class Journal:
         """The run's step log as this transaction sees it: the process's copy plus the events
         after it; kept for the next step once this transaction commits."""
         known = self._logs.get(run_id) or StepLog()
-        rows = conn.execute(_LOG_SINCE, {"log_run": run_id, "log_after": known.seq}).all()
+        return self._read_on(conn, run_id, known,
+                             conn.execute(_LOG_SINCE, {"log_run": run_id, "log_after": known.seq}).all())
+
+    def _read_on(self, conn: sa.Connection, run_id: str, known: StepLog, rows: Sequence[Any]) -> StepLog:
+        """`known` with the events this transaction read after it; kept once it commits."""
         if not rows:
             return known
         log = known.extended(rows)
