@@ -404,7 +404,7 @@ class Journal:
         body = _json_safe(dict(payload)) | ({"wake_at": wake_at.isoformat()} if wake_at else {})
         with self._tx() as conn:
             if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
-                raise LeaseLost(f"run {run_id}: generation {generation} no longer holds the lease")
+                raise _lease_lost(run_id, generation)
             self._append(conn, run_id, step_id, attempt, "step_waiting", body, generation, now)
             return self._park_if_idle(conn, run_id, generation, now, frontier)
 
@@ -560,7 +560,7 @@ class Journal:
         anyone else gets the existing receipt (delivered, failed, or claimed and in doubt)."""
         with self._tx() as conn:
             if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
-                raise LeaseLost(f"run {run_id}: generation {generation} no longer holds the lease")
+                raise _lease_lost(run_id, generation)
             inserted = conn.execute(
                 self._insert(side_effect_receipts).values(
                     idempotency_key=key, run_id=run_id, step_id=step_id, attempt=attempt,
@@ -600,7 +600,7 @@ class Journal:
         """Journal `step_in_doubt`: a claimed delivery was never confirmed."""
         with self._tx() as conn:
             if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
-                raise LeaseLost(f"run {run_id}: generation {generation} no longer holds the lease")
+                raise _lease_lost(run_id, generation)
             self._append(conn, run_id, step_id, attempt, "step_in_doubt", _json_safe(dict(detail)),
                          generation, now)
 
@@ -974,7 +974,7 @@ class Journal:
             if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
                 return None
             return self._step_log(conn, run_id)
-        known = self._logs.get(run_id) or StepLog()
+        known = self._known_log(run_id)
         rows = conn.exec_driver_sql(_CLAIM_FENCE, (
             run_id, generation, worker_id, now + timedelta(seconds=lease_ttl), known.seq)).all()
         if rows and rows[0].seq == FENCED_OUT:
@@ -989,16 +989,16 @@ class Journal:
         On Postgres one round trip."""
         if not self._functions:
             if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
-                raise LeaseLost(f"run {run_id}: generation {generation} no longer holds the lease")
+                raise _lease_lost(run_id, generation)
             seq = self._append(conn, run_id, step_id, attempt, "step_completed", payload, generation,
                                now, on_conflict_skip=True)
             return None if seq is None else self._step_log(conn, run_id)
-        known = self._logs.get(run_id) or StepLog()
+        known = self._known_log(run_id)
         rows = conn.exec_driver_sql(_COMPLETE_FENCE, (
             run_id, generation, worker_id, now + timedelta(seconds=lease_ttl), known.seq,
             step_id, attempt, json.dumps(payload), now)).all()
         if rows and rows[0].seq == FENCED_OUT:
-            raise LeaseLost(f"run {run_id}: generation {generation} no longer holds the lease")
+            raise _lease_lost(run_id, generation)
         if rows and rows[0].seq == ALREADY_COMPLETED:
             return None
         return self._read_on(conn, run_id, known, rows)
@@ -1102,9 +1102,13 @@ class Journal:
     def _step_log(self, conn: sa.Connection, run_id: str) -> StepLog:
         """The run's step log as this transaction sees it: the process's copy plus the events
         after it; kept for the next step once this transaction commits."""
-        known = self._logs.get(run_id) or StepLog()
+        known = self._known_log(run_id)
         return self._read_on(conn, run_id, known,
                              conn.execute(_LOG_SINCE, {"log_run": run_id, "log_after": known.seq}).all())
+
+    def _known_log(self, run_id: str) -> StepLog:
+        """The run's step log as this process last kept it (empty if it never read it)."""
+        return self._logs.get(run_id) or StepLog()
 
     def _read_on(self, conn: sa.Connection, run_id: str, known: StepLog, rows: Sequence[Any]) -> StepLog:
         """`known` with the events this transaction read after it; kept once it commits."""
@@ -1165,6 +1169,10 @@ class Journal:
 
 class _FinishedMeanwhile(Exception):
     """Control flow: a re-drive found the run finished under it; its transaction rolls back."""
+
+
+def _lease_lost(run_id: str, generation: int) -> LeaseLost:
+    return LeaseLost(f"run {run_id}: generation {generation} no longer holds the lease")
 
 
 def _missing(run_id: str) -> Any:
