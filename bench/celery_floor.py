@@ -1,4 +1,13 @@
-"""The peer of the PAL benchmark: a raw Celery chain, optionally committing two Postgres rows per hop.
+"""The peer of the PAL benchmark: a raw Celery chain, optionally journaling two Postgres rows per hop.
+
+Each hop's `commits` says how (docs/benchmarks.md, "What is measured"):
+    0  nothing: the speed limit of one message per node
+    2  the floor of journaling: a `started` row committed before the hop's work and a `completed`
+       row committed after it, each one single-statement autocommit INSERT (one round trip). As in
+       PAL's step protocol, only the second commit waits for its WAL flush: a later durable commit
+       makes the first durable too.
+    1  both rows in one transaction (BEGIN, INSERT, INSERT, COMMIT): shown for reference; a
+       journaling engine cannot do this, since the start must be on record before the work runs
 
 Started by bench/throughput.py as `python -m celery -A bench.celery_floor worker ...` (cwd = the
 repository root). Configured only from the environment:
@@ -40,22 +49,28 @@ app.conf.update(
     task_default_queue=QUEUE,
 )
 
-# One Postgres and one Redis connection per worker process, opened lazily after the fork.
-_pg: Any = None
+# Postgres connections by purpose and one Redis connection per worker process, opened lazily after
+# the fork: "async" and "durable" are autocommit sessions (synchronous_commit off and on), "tx" is
+# an ordinary transactional one.
+_pg: dict[str, Any] = {}
 _redis: redis.Redis | None = None
+_SESSION_OPTIONS = {"async": " -csynchronous_commit=off", "durable": "", "tx": ""}
 
 
 @worker_process_init.connect  # type: ignore[untyped-decorator]
 def _reset_after_fork(**_: Any) -> None:
-    global _pg, _redis
-    _pg, _redis = None, None
+    global _redis
+    _pg.clear()
+    _redis = None
 
 
-def _pg_conn() -> Any:
-    global _pg
-    if _pg is None or _pg.closed:
-        _pg = psycopg2.connect(DATABASE_URL, options=f"-csearch_path={SCHEMA}")
-    return _pg
+def _pg_conn(purpose: str) -> Any:
+    conn = _pg.get(purpose)
+    if conn is None or conn.closed:
+        conn = psycopg2.connect(DATABASE_URL, options=f"-csearch_path={SCHEMA}{_SESSION_OPTIONS[purpose]}")
+        conn.autocommit = purpose != "tx"
+        _pg[purpose] = conn
+    return conn
 
 
 def _redis_conn() -> redis.Redis:
@@ -70,18 +85,25 @@ def done_key(tag: str) -> str:
     return f"{KEY_PREFIX}done:{tag}"
 
 
+_INSERT = "INSERT INTO bench_hops (chain, hop, kind) VALUES (%s, %s, %s)"
+
+
 @app.task(name="bench.hop", shared=False)  # type: ignore[untyped-decorator]
-def hop(tag: str, chain: int, index: int, length: int, commit: bool) -> None:
-    """One node: maybe commit two rows (the journaling floor), then send the next hop."""
-    if commit:
-        conn = _pg_conn()
+def hop(tag: str, chain: int, index: int, length: int, commits: int) -> None:
+    """One node: journal it as `commits` says (see the module's docstring), then send the next hop."""
+    row = (f"{tag}:{chain}", index)
+    if commits == 2:
+        with _pg_conn("async").cursor() as cur:
+            cur.execute(_INSERT, (*row, "started"))
+        with _pg_conn("durable").cursor() as cur:
+            cur.execute(_INSERT, (*row, "completed"))
+    elif commits == 1:
+        conn = _pg_conn("tx")
         with conn.cursor() as cur:
-            cur.execute("INSERT INTO bench_hops (chain, hop, kind) VALUES (%s, %s, 'started')",
-                        (f"{tag}:{chain}", index))
-            cur.execute("INSERT INTO bench_hops (chain, hop, kind) VALUES (%s, %s, 'completed')",
-                        (f"{tag}:{chain}", index))
+            cur.execute(_INSERT, (*row, "started"))
+            cur.execute(_INSERT, (*row, "completed"))
         conn.commit()
     if index + 1 < length:
-        hop.apply_async(args=[tag, chain, index + 1, length, commit], queue=QUEUE)
+        hop.apply_async(args=[tag, chain, index + 1, length, commits], queue=QUEUE)
     else:
         _redis_conn().hset(done_key(tag), str(chain), repr(time.time()))

@@ -8,7 +8,10 @@ Scenarios (steps/s = completed steps / wall time from the first publish to the l
 Peers, on the same Redis, the same worker concurrency (2 prefork processes) and the same Celery
 delivery settings (bench/celery_floor.py):
   raw          a successor chain of no-op Celery tasks, each task sends the next
-  floor        the same chain, each hop also commits two Postgres rows in one transaction
+  floor        the same chain, each hop also journals two Postgres rows in two commits (a started
+               row before the hop's work, a completed row after it): the floor of journaling
+  floor1       the same two rows in one transaction, for reference (no engine can journal a start
+               that way: the start must be on record before the work runs)
 
 Everything talks to 127.0.0.1 only. Each PAL measurement gets a fresh Postgres schema, a fresh Redis
 key prefix and queue and a fresh `pal worker`; everything is dropped or deleted at the end.
@@ -57,6 +60,9 @@ from pal.steps import execute_step  # noqa: E402
 PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 CONCURRENCY = 2
+# What each peer kind commits per hop (bench/celery_floor.py); PAL is measured first in each rep.
+COMMITS = {"raw": 0, "floor": 2, "floor1": 1}
+KINDS = ("pal", *COMMITS)
 MEASURE_TIMEOUT = 240.0  # seconds one measurement may take before it is abandoned
 READY_TIMEOUT = 90.0  # seconds a worker may take to start and finish its warm-up
 POLL = 0.1
@@ -310,19 +316,19 @@ class Floor:
 
     def warm_up(self) -> None:
         try:
-            self.measure(Scenario("warm-up", 4, 3), commit=True, timeout=READY_TIMEOUT)
-            self.measure(Scenario("warm-up", 4, 3), commit=False, timeout=READY_TIMEOUT)
+            for commits in COMMITS.values():
+                self.measure(Scenario("warm-up", 4, 3), commits=commits, timeout=READY_TIMEOUT)
         except TimeoutError:
             raise RuntimeError(f"peer worker not ready; log tail:\n{log_tail(self.log)}") from None
 
-    def measure(self, scenario: Scenario, *, commit: bool, timeout: float = MEASURE_TIMEOUT
+    def measure(self, scenario: Scenario, *, commits: int, timeout: float = MEASURE_TIMEOUT
                 ) -> Measurement:
         self.runs += 1
         tag = f"m{self.runs}"
         key = f"{self.prefix}done:{tag}"
         t0 = time.time()
         for chain in range(scenario.graphs):
-            self.producer.send_task("bench.hop", args=[tag, chain, 0, scenario.nodes, commit],
+            self.producer.send_task("bench.hop", args=[tag, chain, 0, scenario.nodes, commits],
                                     queue=self.queue)
         deadline = time.monotonic() + timeout
         while self.infra.redis.hlen(key) < scenario.graphs:
@@ -332,7 +338,7 @@ class Floor:
             time.sleep(POLL)
         end = max(float(v) for v in self.infra.redis.hvals(key))
         self.infra.redis.delete(key)
-        if commit:
+        if commits:
             with self.infra.admin.connect() as conn:
                 rows = conn.execute(sa.text(f'SELECT count(*) FROM "{self.schema}".bench_hops')).scalar()
                 conn.execute(sa.text(f'TRUNCATE "{self.schema}".bench_hops'))
@@ -366,7 +372,9 @@ def anatomy(infra: Infra, length: int, tmp: Path) -> list[tuple[str, StepCost]]:
     """Run one linear graph in this process (no broker), counting what each step does.
 
     Every SQL statement and COMMIT is one Postgres round trip (a pooled connection is pinged only
-    after 1 s idle, which a busy step loop never is). Publishing is recorded, not sent.
+    after 1 s idle, which a busy step loop never is), except a one-call statement (pal.autocommit):
+    one round trip that is its own commit, counted as a statement and a commit. The rows counted
+    include the functions' marker rows. Publishing is recorded, not sent.
     """
     schema, url = infra.new_schema("anatomy")
     try:
@@ -400,6 +408,22 @@ def anatomy(infra: Infra, length: int, tmp: Path) -> list[tuple[str, StepCost]]:
         @sa.event.listens_for(engine, "commit")
         def _commit(*_: Any) -> None:
             cost.commits += 1
+
+        if journal.calls is not None:  # Postgres: each one-call statement is its own commit
+            one_call = journal.calls.rows
+
+            def counted_rows(sql: str, params: Any) -> list[tuple[Any, ...]]:
+                cost.statements += 1
+                cost.commits += 1
+                t = time.perf_counter()
+                try:
+                    rows = one_call(sql, params)
+                finally:
+                    cost.db_seconds += time.perf_counter() - t
+                cost.rows += len(rows)
+                return rows
+
+            journal.calls.rows = counted_rows  # type: ignore[method-assign]
 
         def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -510,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     versions = infra.versions()
     began = time.monotonic()
     results: dict[str, dict[str, list[Measurement]]] = {
-        s.name: {"pal": [], "raw": [], "floor": []} for s in scenarios}
+        s.name: {kind: [] for kind in KINDS} for s in scenarios}
     anatomy_lines: list[str] = []
     with cleanup_on_signals(), tempfile.TemporaryDirectory(prefix="palbench-") as tmp_name:
         tmp = Path(tmp_name)
@@ -521,11 +545,11 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(1, reps + 1):
                 for s in scenarios:
                     label = f"{s.name} ({s.graphs}x{s.nodes})"
-                    for kind in ("pal", "raw", "floor"):
+                    for kind in KINDS:
                         if kind == "pal":
                             m = measure_pal(infra, s, tmp)
                         else:
-                            m = floor.measure(s, commit=kind == "floor")
+                            m = floor.measure(s, commits=COMMITS[kind])
                         results[s.name][kind].append(m)
                         print(f"rep {rep}/{reps} {label:<22} {kind:<6} {m.steps:5d} steps "
                               f"{m.seconds:7.2f}s {m.rate:8.1f} steps/s", flush=True)
@@ -544,16 +568,17 @@ def main(argv: list[str] | None = None) -> int:
     print("  ".join(f"{k}={v}" for k, v in versions.items()))
     print(f"worker concurrency {CONCURRENCY} (prefork), reps {reps}, medians; total {elapsed:.0f}s")
     header = (f"{'scenario':<22} {'PAL steps/s':>11} {'raw steps/s':>11} {'floor steps/s':>13} "
-              f"{'PAL/raw':>8} {'PAL/floor':>9}")
+              f"{'floor1 steps/s':>14} {'PAL/raw':>8} {'PAL/floor':>9} {'PAL/floor1':>10}")
     print(header)
     print("-" * len(header))
     table: list[dict[str, Any]] = []
     for s in scenarios:
-        pal, raw, flo = (median_rate(results[s.name][k]) for k in ("pal", "raw", "floor"))
+        pal, raw, flo, flo1 = (median_rate(results[s.name][k]) for k in KINDS)
         label = f"{s.name} ({s.graphs}x{s.nodes})"
         print(f"{label:<22} {fmt(pal, '11.1f')} {fmt(raw, '11.1f')} {fmt(flo, '13.1f')} "
-              f"{fmt(pal / raw, '8.2f')} {fmt(pal / flo, '9.2f')}")
-        table.append({"scenario": label, "pal": pal, "raw": raw, "floor": flo,
+              f"{fmt(flo1, '14.1f')} {fmt(pal / raw, '8.2f')} {fmt(pal / flo, '9.2f')} "
+              f"{fmt(pal / flo1, '10.2f')}")
+        table.append({"scenario": label, "pal": pal, "raw": raw, "floor": flo, "floor1": flo1,
                       "samples": {k: [m.rate for m in v] for k, v in results[s.name].items()}})
     print("paired per-rep ratios (same rep, minutes apart at most):")
     for s in scenarios:

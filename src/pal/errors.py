@@ -45,6 +45,15 @@ class StorageError(PalError):
     disconnected = False  # the connection was lost (a database restart): the pool now has fresh ones
 
 
+def journal_error(detail: str, *, disconnected: bool = False) -> StorageError:
+    """The StorageError for a database error message, with a hint when the schema is missing."""
+    if "no such table" in detail or "does not exist" in detail:
+        detail += " (is the schema installed? run `pal db upgrade`)"
+    error = StorageError(f"journal database error: {detail}")
+    error.disconnected = disconnected
+    return error
+
+
 class Refused(PalError):
     """The request is refused in the run's current state; nothing was changed."""
 

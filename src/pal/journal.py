@@ -5,6 +5,11 @@ claims and completions first UPDATE `run_locks ... WHERE generation = :g`, which
 caller still holds the lease and serializes all writers of that run (a row lock on Postgres,
 the database write lock on SQLite). Unique partial indexes make step_completed once per step and
 the terminal event once per run.
+
+On Postgres the usual claim and the usual completion are one statement each, a server-side function
+run in autocommit mode (pal.autocommit, migration 0006): the decision is predicted from the
+process's step log and the function applies it only if the journal has nothing newer, under the
+same fence; otherwise the transaction below decides.
 """
 
 from __future__ import annotations
@@ -18,14 +23,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from pal import faults, retry
-from pal.errors import LeaseBusy, LeaseLost, Refused, RunNotFound, StorageError
+from pal.autocommit import calls_for
+from pal.errors import LeaseBusy, LeaseLost, Refused, RunNotFound, journal_error
 from pal.interpreter import Handoff
 from pal.lru import Lru
 from pal.nodes.base import Receipt, Usage
@@ -69,7 +75,18 @@ _EVENT_VALUES: dict[str, Any] = {column: sa.bindparam(name) for column, name in 
 _CLAIM_FENCE = "SELECT * FROM pal_claim_fence(%s, %s, %s, %s, %s)"
 _COMPLETE_FENCE = "SELECT * FROM pal_complete_fence(%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s)"
 _START_STEP = "SELECT pal_start_step(%s, %s, %s, %s, %s::jsonb, %s)"
-FENCED_OUT, ALREADY_COMPLETED = -1, -2
+_CLAIM_STEP = "SELECT * FROM pal_claim_step(%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s)"
+_COMPLETE_STEP = "SELECT * FROM pal_complete_step(%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s)"
+FENCED_OUT, ALREADY_COMPLETED, STARTED, DUPLICATE = -1, -2, -3, -4
+
+
+class EventRow(NamedTuple):
+    """A row of the step functions: an event of the step log, or a marker (negative seq)."""
+
+    seq: int
+    step_id: str | None
+    kind: str
+    payload: Any
 
 
 Frontier = Callable[[Mapping[str, Any]], Sequence[str]]
@@ -215,25 +232,19 @@ class Journal:
         self._append_once_stmt = (self._insert(journal_events).values(_EVENT_VALUES)
                                   .on_conflict_do_nothing().returning(journal_events.c.seq))
         self._functions = engine.dialect.name == "postgresql"
+        # Postgres: the one-call claim and completion run here (pal.autocommit); None on SQLite.
+        self.calls = calls_for(engine) if self._functions else None
 
     @contextmanager
     def _tx(self) -> Iterator[sa.Connection]:
         """One transaction; work registered with `_on_commit` runs only once it has committed."""
         committed: list[Callable[[], None]] = []
-        try:
-            with self.engine.begin() as conn:
-                conn.info[_ON_COMMIT] = committed
-                try:
-                    yield conn
-                finally:
-                    conn.info.pop(_ON_COMMIT, None)
-        except sa.exc.DBAPIError as exc:
-            message = str(exc.orig)
-            if "no such table" in message or "does not exist" in message:
-                message += " (is the schema installed? run `pal db upgrade`)"
-            error = StorageError(f"journal database error: {message}")
-            error.disconnected = exc.connection_invalidated
-            raise error from exc
+        with _storage_errors(), self.engine.begin() as conn:
+            conn.info[_ON_COMMIT] = committed
+            try:
+                yield conn
+            finally:
+                conn.info.pop(_ON_COMMIT, None)
         for action in committed:
             action()
 
@@ -300,6 +311,10 @@ class Journal:
         now: datetime, lease_ttl: float,
     ) -> Claim:
         """Step protocol, phase 1: fence on the lease and append `step_started`."""
+        if self._functions:
+            claim = self._claim_in_one_call(run_id, step_id, generation, worker_id, now, lease_ttl)
+            if claim is not None:
+                return claim
         with self._tx() as conn:
             log = self._fence_and_read(conn, run_id, generation, worker_id, now, lease_ttl)
             if log is None:
@@ -336,6 +351,38 @@ class Journal:
                 )
         return Claim(ClaimOutcome.RUN, run, attempt, log.outputs)
 
+    def _claim_in_one_call(self, run_id: str, step_id: str, generation: int, worker_id: str,
+                           now: datetime, lease_ttl: float) -> Claim | None:
+        """Postgres: the usual claim as one autocommit call of `pal_claim_step` (migration 0006).
+
+        The attempt is predicted from this process's step log; the function starts it only if no
+        newer event concerns the step, so the prediction is what `claim_step`'s transaction would
+        decide. None when there is nothing to predict from (a run this process never claimed, a
+        step that completed, waits or may be backing off) or the prediction did not hold: the
+        caller then decides in a transaction."""
+        run, known = self._claimed_runs.get(run_id), self._known_log(run_id)
+        if run is None or step_id in known.outputs or step_id in known.waited:
+            return None
+        retries = known.retries.get(step_id, ())
+        if retries and retries[-1].get("wake_at") and datetime.fromisoformat(retries[-1]["wake_at"]) > now:
+            return None
+        attempt = 1 + len(retries)
+        payload = json.dumps({"attempt": attempt, "worker": worker_id})
+        assert self.calls is not None
+        rows = [EventRow(*row) for row in self.calls.rows(_CLAIM_STEP, (
+            run_id, generation, worker_id, now + timedelta(seconds=lease_ttl), known.seq,
+            step_id, attempt, payload, now, not known.outputs))]
+        marker = rows[-1].seq if rows and rows[-1].seq < 0 else None
+        events = rows[:-1] if marker is not None else rows
+        log = known.extended(events) if events else known
+        if events:
+            self._remember(run_id, log)  # the call has committed
+        if marker == STARTED:
+            return Claim(ClaimOutcome.RUN, run, attempt, log.outputs)
+        if marker == DUPLICATE:
+            return Claim(ClaimOutcome.DUPLICATE, run)
+        return None
+
     def _known_run(self, conn: sa.Connection, run_id: str) -> RunRecord:
         """The run as this process first read it: its plan, input and parent are what a claim
         uses, and they never change (its status and totals may be stale)."""
@@ -368,6 +415,11 @@ class Journal:
             payload["usage"] = {"input_tokens": usage.input_tokens,
                                 "output_tokens": usage.output_tokens,
                                 "cost_usd": str(usage.cost_usd)}
+        if self._functions and "usage" not in payload:
+            handoff = self._complete_in_one_call(run_id, step_id, attempt, payload, generation,
+                                                 worker_id, now, lease_ttl, plan)
+            if handoff is not None:
+                return handoff
         with self._tx() as conn:
             log = self._complete_and_read(conn, run_id, step_id, attempt, payload, generation,
                                           worker_id, now, lease_ttl)
@@ -391,6 +443,36 @@ class Journal:
             elif not decision.dispatch:
                 self._park_if_idle(conn, run_id, generation, now, frontier)
             return decision
+
+    def _complete_in_one_call(self, run_id: str, step_id: str, attempt: int, payload: Mapping[str, Any],
+                              generation: int, worker_id: str, now: datetime, lease_ttl: float,
+                              plan: Callable[[Mapping[str, Any]], Handoff]) -> Handoff | None:
+        """Postgres: a completion that only hands off, as one autocommit call of
+        `pal_complete_step` (migration 0006).
+
+        The hand-off is planned first, from this process's step log plus this step's output; the
+        function appends `step_completed` only if no step event came after that log, so the plan
+        is what `complete_step`'s transaction would decide. None when the plan would write more
+        than the completion (the run finishes, or parks when nothing is dispatched) or the log was
+        not the latest: the caller then decides in a transaction."""
+        known = self._known_log(run_id)
+        if step_id in known.outputs:
+            return None
+        decision = plan({**known.outputs, step_id: payload["output"]})
+        if decision.finished or not decision.dispatch:
+            return None
+        assert self.calls is not None
+        rows = [EventRow(*row) for row in self.calls.rows(_COMPLETE_STEP, (
+            run_id, generation, worker_id, now + timedelta(seconds=lease_ttl), known.seq,
+            step_id, attempt, json.dumps(payload), now))]
+        if not rows:
+            return None
+        if rows[0].seq == FENCED_OUT:
+            raise _lease_lost(run_id, generation)
+        if rows[0].seq == ALREADY_COMPLETED:
+            return Handoff(dispatch=(), finished=False)
+        self._remember(run_id, known.extended(rows))  # the call has committed
+        return decision
 
     # ------------------------------------------------------------ waiting
 
@@ -1169,6 +1251,15 @@ class Journal:
 
 class _FinishedMeanwhile(Exception):
     """Control flow: a re-drive found the run finished under it; its transaction rolls back."""
+
+
+@contextmanager
+def _storage_errors() -> Iterator[None]:
+    """A database error as the StorageError callers handle (disconnected: worth one more try)."""
+    try:
+        yield
+    except sa.exc.DBAPIError as exc:
+        raise journal_error(str(exc.orig), disconnected=exc.connection_invalidated) from exc
 
 
 def _lease_lost(run_id: str, generation: int) -> LeaseLost:

@@ -1,0 +1,225 @@
+"""The one-call claim and completion (migration 0006) against processes whose step logs are stale.
+
+A process predicts a claim's attempt and a completion's hand-off from the step log it keeps; the
+prediction is only used when no newer step event exists. Two Clients on one database stand for two
+worker processes: each has its own journal caches. Every test runs on both backends (SQLite always
+takes the transactional path, so it checks the expected behaviour itself); the Postgres-only ones
+check that the one-call paths are really taken and survive a lost connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from pal.client import Client
+from pal.errors import LeaseLost
+from pal.recovery import redrive
+from pal.steps import execute_step, utcnow
+from tests.conftest import Backend
+from tests.support.graphs import counted, edge, flaky, linear
+from tests.support.tools import calls
+
+Message = tuple[str, str, int]
+
+
+class Process:
+    """A Client standing for one worker process, with its own outbox instead of the broker."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.client = Client(backend.settings)
+        self.outbox: list[Message] = []
+        self.client.runtime.publish = lambda run_id, step_id, generation, countdown=0.0: (
+            self.outbox.append((run_id, step_id, generation)))
+
+    def deliver(self, message: Message) -> str:
+        return execute_step(self.client.runtime, *message).outcome
+
+
+@pytest.fixture
+def two(backend: Backend) -> Iterator[tuple[Process, Process]]:
+    a, b = Process(backend), Process(backend)
+    yield a, b
+    b.client.close()
+    a.client.close()
+
+
+def started(client: Client, run_id: str, step_id: str) -> list[int | None]:
+    return [e.attempt for e in client.events(run_id) if e.kind == "step_started" and e.step_id == step_id]
+
+
+def test_a_stale_process_does_not_run_a_step_another_completed(two: tuple[Process, Process],
+                                                               counter: Path) -> None:
+    a, b = two
+    run_id = a.client.start_run(linear(counter, 3), {})
+    assert a.deliver(a.outbox.pop(0)) == "completed"  # start, on A
+    s0 = a.outbox.pop(0)
+    assert b.deliver(s0) == "completed"  # B now keeps a log of the run: start and s0
+    s1 = b.outbox.pop(0)
+    assert a.deliver(s1) == "completed"  # A runs s1; B's log knows nothing of it
+    # A duplicate of s1's message reaches B, whose log predicts attempt 1 of a step it thinks
+    # never ran: the newer step_completed must stop the start.
+    assert b.deliver(s1) == "completed"
+    assert calls(counter) == ["s0", "s1"]
+    assert started(a.client, run_id, "s1") == [1]
+    while a.outbox:
+        a.deliver(a.outbox.pop(0))
+    assert a.client.get_run(run_id).status == "succeeded"
+
+
+def test_a_stale_process_claims_the_attempt_after_a_retry(two: tuple[Process, Process],
+                                                          tmp_path: Path) -> None:
+    a, b = two
+    run_id = a.client.start_run(flaky(tmp_path / "f.log", 1, {"maxAttempts": 3}), {})
+    assert b.deliver(a.outbox.pop(0)) == "completed"  # start, on B
+    f = b.outbox.pop(0)
+    assert a.deliver(f) == "retrying"  # attempt 1 fails on A: step_retrying, B does not know
+    assert b.deliver(f) == "completed"  # B's log says attempt 1; the journal says attempt 2
+    assert started(a.client, run_id, "f") == [1, 2]
+    while b.outbox:
+        b.deliver(b.outbox.pop(0))
+    assert a.client.get_run(run_id).status == "succeeded"
+
+
+def diamond(path: Path) -> dict[str, Any]:
+    """start -> a, b; a -> c; a and b -> j; c and j -> out (j joins a and b)."""
+    nodes = [{"id": "start", "type": "trigger"}, counted("a", path), counted("b", path),
+             counted("c", path), counted("j", path),
+             {"id": "out", "type": "output", "data": {"value": "{{ nodes.j.output.label }}"}}]
+    edges = [edge("start", "a"), edge("start", "b"), edge("a", "c"), edge("a", "j"), edge("b", "j"),
+             edge("c", "out"), edge("j", "out")]
+    return {"nodes": nodes, "edges": edges}
+
+
+def test_a_stale_completion_still_dispatches_the_join_it_makes_ready(
+    two: tuple[Process, Process], counter: Path
+) -> None:
+    a, b = two
+    run_id = a.client.start_run(diamond(counter), {})
+    assert a.deliver(a.outbox.pop(0)) == "completed"
+    (_, step_a, generation), step_b = a.outbox.pop(0), a.outbox.pop(0)
+    assert {step_a, step_b[1]} == {"a", "b"}
+    journal_b = b.client.runtime.journal
+    claim = journal_b.claim_step(run_id=run_id, step_id="a", generation=generation, worker_id="B",
+                                 now=utcnow(), lease_ttl=30)
+    assert claim.outcome.value == "run" and claim.run is not None
+    assert a.deliver((run_id, "b", generation)) == "completed"  # b completes while a runs on B
+    program = b.client.runtime.program_of(claim.run)
+    # From B's log (start only) a's completion would dispatch c alone; with b done, j is ready too.
+    handoff = journal_b.complete_step(
+        run_id=run_id, step_id="a", attempt=claim.attempt, generation=generation, output={"label": "a"},
+        worker_id="B", now=utcnow(), lease_ttl=30,
+        plan=lambda done: program.handoff(done, "a"), frontier=program.redrive_steps)
+    assert sorted(handoff.dispatch) == ["c", "j"]
+    for step in handoff.dispatch:
+        assert b.deliver((run_id, step, generation)) == "completed"
+    while b.outbox:
+        b.deliver(b.outbox.pop(0))
+    assert a.client.get_run(run_id).status == "succeeded"
+    assert a.client.get_run(run_id).output == "j"
+
+
+def test_a_completion_fenced_out_mid_step_is_refused(two: tuple[Process, Process], counter: Path) -> None:
+    a, _ = two
+    run_id = a.client.start_run(linear(counter, 2), {})
+    assert a.deliver(a.outbox.pop(0)) == "completed"
+    _, step, generation = a.outbox.pop(0)
+    journal = a.client.runtime.journal
+    claim = journal.claim_step(run_id=run_id, step_id=step, generation=generation, worker_id="zombie",
+                               now=utcnow(), lease_ttl=30)
+    assert claim.outcome.value == "run" and claim.run is not None
+    assert redrive(a.client.runtime, run_id, require_expired=False) is not None
+    program = a.client.runtime.program_of(claim.run)
+    with pytest.raises(LeaseLost):  # the hand-off (s1) would be a plain dispatch: the one-call path
+        journal.complete_step(run_id=run_id, step_id=step, attempt=claim.attempt, generation=generation,
+                              output={"label": "late"}, worker_id="zombie", now=utcnow(), lease_ttl=30,
+                              plan=lambda done: program.handoff(done, step))
+    assert [e for e in a.client.events(run_id) if e.kind == "step_completed" and e.step_id == step] == []
+
+
+# ------------------------------------------------------------------------------ Postgres only
+
+
+class Counted:
+    """Counts the autocommit calls and the transactions of a journal."""
+
+    def __init__(self, client: Client) -> None:
+        journal = client.runtime.journal
+        self.calls: list[str] = []
+        self.transactions = 0
+        autocommit = journal.calls
+        assert autocommit is not None
+        original = autocommit.rows
+
+        def rows(sql: str, params: Any) -> Any:
+            self.calls.append(sql.split("(")[0].split()[-1])
+            return original(sql, params)
+
+        autocommit.rows = rows  # type: ignore[method-assign]
+
+        def begun(*_: Any) -> None:
+            self.transactions += 1
+
+        sa.event.listen(journal.engine, "begin", begun)
+
+
+def test_a_warm_step_is_one_call_to_claim_and_one_to_complete(postgres_backend: Backend,
+                                                              counter: Path) -> None:
+    a = Process(postgres_backend)
+    try:
+        run_id = a.client.start_run(linear(counter, 3), {})
+        a.deliver(a.outbox.pop(0))
+        a.deliver(a.outbox.pop(0))  # s0: this process now knows the run
+        counted_calls = Counted(a.client)
+        assert a.deliver(a.outbox.pop(0)) == "completed"  # s1
+        assert counted_calls.calls == ["pal_claim_step", "pal_complete_step"]
+        assert counted_calls.transactions == 0
+        assert started(a.client, run_id, "s1") == [1]
+        assert [e.step_id for e in a.client.events(run_id) if e.kind == "step_completed"] == [
+            "start", "s0", "s1"]
+        assert a.client.get_run(run_id).status == "running"
+    finally:
+        a.client.close()
+
+
+def test_a_terminated_autocommit_connection_is_replaced_and_the_step_runs(
+    postgres_backend: Backend, pg_admin: sa.Engine, counter: Path
+) -> None:
+    a = Process(postgres_backend)
+    try:
+        run_id = a.client.start_run(linear(counter, 3), {})
+        a.deliver(a.outbox.pop(0))
+        a.deliver(a.outbox.pop(0))
+        autocommit = a.client.runtime.journal.calls
+        assert autocommit is not None
+        pid = autocommit._connection().get_backend_pid()
+        with pg_admin.connect() as conn:  # as a Postgres restart would, to this one connection
+            assert conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar()
+        while a.outbox:
+            assert a.deliver(a.outbox.pop(0)) == "completed"
+        assert autocommit._connection().get_backend_pid() != pid
+        assert a.client.get_run(run_id).status == "succeeded"
+        assert calls(counter) == ["s0", "s1", "s2"]
+    finally:
+        a.client.close()
+
+
+def test_disposing_the_engine_closes_the_autocommit_connections(postgres_backend: Backend,
+                                                               counter: Path) -> None:
+    a = Process(postgres_backend)
+    try:
+        a.client.start_run(linear(counter, 1), {})
+        a.deliver(a.outbox.pop(0))
+        a.deliver(a.outbox.pop(0))
+        autocommit = a.client.runtime.journal.calls
+        assert autocommit is not None
+        connection = autocommit._connection()
+        assert not connection.closed
+        a.client.runtime.journal.engine.dispose()
+        assert connection.closed
+    finally:
+        a.client.close()
