@@ -19,6 +19,7 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from pal.graph import Edge, Graph, Node
+from pal.mapping_views import OnlyKeys
 
 
 @dataclass(frozen=True)
@@ -277,7 +278,7 @@ class GraphProgram:
         return self.frontier(completed)
 
     def view(self, step_id: str, completed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
-        outer = {k: v for k, v in completed.items() if k in self.graph.nodes}
+        outer = OnlyKeys(completed, self.graph.nodes)
         node = self.graph.nodes.get(step_id)
         if node is not None and node.type == "loop":
             count = len(completed[f"{step_id}[items]"]["items"])
@@ -288,7 +289,7 @@ class GraphProgram:
         if index is None:
             return outer, None
         items = completed[f"{loop_id}[items]"]["items"]
-        return (outer | self._iteration(loop_id, index, completed),
+        return (dict(outer) | self._iteration(loop_id, index, completed),  # the iteration's own win
                 {"item": items[index], "index": index, "count": len(items)})
 
     def _iteration_output(self, loop_id: str, index: int, completed: Mapping[str, Any]) -> Any:

@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pal import retry, templates
+from pal.mapping_views import AsNodeOutputs
 
 if TYPE_CHECKING:
     from pal.providers import Provider
@@ -118,7 +119,7 @@ class StepContext:
     def template_context(self) -> dict[str, Any]:
         context: dict[str, Any] = {
             "input": self.input,
-            "nodes": {step: {"output": out} for step, out in self.outputs.items()},
+            "nodes": AsNodeOutputs(self.outputs),
             "run": {"id": self.run_id},
         }
         if self.loop is not None:
