@@ -58,12 +58,20 @@ _FENCE = (
             redeliver_at=None)
     .returning(run_locks.c.generation)
 )
-_RUN_ROW = sa.select(*(c for c in runs.c if c.name != "graph")).where(runs.c.id == sa.bindparam("row_run"))
+_RUN_ROWS = sa.select(*(c for c in runs.c if c.name != "graph"))
+_RUN_ROW = _RUN_ROWS.where(runs.c.id == sa.bindparam("row_run"))
 _LOG_SINCE = (
     sa.select(journal_events.c.seq, journal_events.c.step_id, journal_events.c.kind, journal_events.c.payload)
     .where(journal_events.c.run_id == sa.bindparam("log_run"),
            journal_events.c.seq > sa.bindparam("log_after"), journal_events.c.kind.in_(LOG_KINDS))
     .order_by(journal_events.c.seq)
+)
+_LOGS_SINCE = (  # several runs' step logs at once (a sweep batch)
+    sa.select(journal_events.c.run_id, journal_events.c.seq, journal_events.c.step_id, journal_events.c.kind,
+              journal_events.c.payload)
+    .where(journal_events.c.run_id.in_(sa.bindparam("logs_runs", expanding=True)),
+           journal_events.c.seq > sa.bindparam("logs_after"), journal_events.c.kind.in_(LOG_KINDS))
+    .order_by(journal_events.c.run_id, journal_events.c.seq)
 )
 _EVENT_COLUMNS = {"run_id": "ev_run", "step_id": "ev_step", "attempt": "ev_attempt", "kind": "ev_kind",
                   "payload": "ev_payload", "generation": "ev_generation", "created_at": "ev_at"}
@@ -721,6 +729,76 @@ class Journal:
                                  redeliver_after)
         except _FinishedMeanwhile:
             return None
+
+    def recover_orphans(
+        self, *, run_ids: Sequence[str], worker_id: str, now: datetime, lease_ttl: float,
+        plan: Callable[[RunRecord, Mapping[str, Any]], Sequence[str]], redeliver_after: float,
+    ) -> dict[str, Recovery]:
+        """The sweep's re-drive of a batch of orphans, in one transaction: for each run what
+        `recover_run` does with `require_expired` (steal an expired lease, never a parked run's
+        timer; journal `run_recovered`; redelivery due `redeliver_after` seconds from now), with
+        one statement of each kind for the whole batch instead of one transaction per run.
+
+        The leases are taken in run id order, as every sweeper does. Any error (a plan that cannot
+        be made, a deadlock with a cancellation walking a run tree) rolls back the whole batch and
+        is raised; the caller then recovers the runs one by one."""
+        expires = now + timedelta(seconds=lease_ttl)
+        redeliver_at = now + timedelta(seconds=redeliver_after)
+        with self._tx() as conn:
+            rows = {row["id"]: row for row in conn.execute(
+                _RUN_ROWS.where(runs.c.id.in_(sorted(set(run_ids))), runs.c.status.in_(IN_FLIGHT_STATUSES))
+            ).mappings()}
+            if not rows:
+                return {}
+            steal = self._insert(run_locks).values([
+                {"run_id": run_id, "worker_id": worker_id, "expires_at": expires, "generation": 1,
+                 "redeliver_at": redeliver_at} for run_id in sorted(rows)])
+            steal = steal.on_conflict_do_update(
+                index_elements=[run_locks.c.run_id],
+                set_={"worker_id": worker_id, "expires_at": expires, "redeliver_at": redeliver_at,
+                      "generation": run_locks.c.generation + 1},
+                where=sa.and_(run_locks.c.worker_id != PARKED, run_locks.c.expires_at < now),
+            ).returning(run_locks.c.run_id, run_locks.c.generation)
+            stolen: dict[str, int] = {run_id: generation for run_id, generation in conn.execute(steal).all()}
+            self._drop_lock_rows_of_finished(conn, stolen, worker_id)
+            if not stolen:
+                return {}
+            known = {run_id: self._known_log(run_id) for run_id in stolen}
+            new_events: dict[str, list[Any]] = {run_id: [] for run_id in stolen}
+            for event in conn.execute(_LOGS_SINCE, {"logs_runs": list(stolen),
+                                                    "logs_after": min(k.seq for k in known.values())}):
+                if event.seq > known[event.run_id].seq:
+                    new_events[event.run_id].append(event)
+            recoveries: dict[str, Recovery] = {}
+            for run_id, generation in stolen.items():
+                row = rows[run_id]
+                run = _run_record(row, self._graph(conn, run_id, row["kind"], row["graph_hash"]))
+                log = self._read_on(conn, run_id, known[run_id], new_events[run_id])
+                recoveries[run_id] = Recovery(generation, tuple(plan(run, log.outputs)))
+            conn.execute(journal_events.insert(), [
+                {"run_id": run_id, "step_id": None, "attempt": None, "kind": "run_recovered",
+                 "payload": {"generation": r.generation, "resumed_steps": list(r.resumed_steps)},
+                 "generation": r.generation, "created_at": now} for run_id, r in recoveries.items()])
+            idle = [run_id for run_id, r in recoveries.items() if not r.resumed_steps]
+            if idle:
+                conn.execute(run_locks.update().where(run_locks.c.run_id.in_(idle)).values(redeliver_at=None))
+        return recoveries
+
+    def _drop_lock_rows_of_finished(self, conn: sa.Connection, stolen: dict[str, int],
+                                    worker_id: str) -> None:
+        """A lock row the batch inserted (generation 1) rather than stole belongs to a run that had
+        none: if that run finished after it was read, the row goes (as `_recover` rolls back)."""
+        inserted = [run_id for run_id, generation in stolen.items() if generation == 1]
+        if not inserted:
+            return
+        finished = list(conn.execute(sa.select(runs.c.id).where(
+            runs.c.id.in_(inserted), runs.c.status.not_in(IN_FLIGHT_STATUSES))).scalars())
+        if finished:
+            conn.execute(run_locks.delete().where(run_locks.c.run_id.in_(finished),
+                                                  run_locks.c.generation == 1,
+                                                  run_locks.c.worker_id == worker_id))
+            for run_id in finished:
+                del stolen[run_id]
 
     def _recover(self, run_id: str, worker_id: str, now: datetime, expires: datetime,
                  plan: Callable[[RunRecord, Mapping[str, Any]], Sequence[str]], require_expired: bool,

@@ -3,9 +3,11 @@ and the services effectful nodes use (providers, prices, delivery settings)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from decimal import Decimal
 from functools import cached_property
@@ -30,13 +32,20 @@ class Publish(Protocol):
         """Ring the doorbell for one step, now or `countdown` seconds from now."""
 
 
+PublishBatch = Callable[[], AbstractContextManager[None]]
+"""publish_batch(): within it, this thread's publishes may be buffered and sent together at its
+end (one broker round trip for a sweep's messages); an exception out of it may drop them."""
+
+
 _PLAN_CACHE_SIZE = 256
 
 
 class Runtime:
-    def __init__(self, settings: Settings, publish: Publish) -> None:
+    def __init__(self, settings: Settings, publish: Publish,
+                 publish_batch: PublishBatch = contextlib.nullcontext) -> None:
         self.settings = settings
         self.publish = publish
+        self.publish_batch = publish_batch
         self._plans: Lru[str, Program] = Lru(_PLAN_CACHE_SIZE)
         self.leases = LeaseKeeper(self._renew_lease, settings.lease_ttl)
         load_tool_modules(settings.tool_modules)

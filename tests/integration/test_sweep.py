@@ -6,6 +6,7 @@ import dataclasses
 import threading
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -13,7 +14,7 @@ import sqlalchemy as sa
 from pal.client import Client
 from pal.journal import Recovery
 from pal.recovery import RECOVERY_LEASE_SECONDS, ResumeRefused, redrive, resume, sweep
-from pal.schema import run_locks
+from pal.schema import run_locks, runs
 from pal.steps import execute_step, utcnow
 from tests.conftest import Backend
 from tests.support.graphs import linear, single
@@ -254,3 +255,116 @@ def test_a_run_that_finished_after_the_sweep_read_it_gets_no_lease_back(
                             .where(run_locks.c.run_id == run_id)).scalar() == 0
     assert "run_recovered" not in [e.kind for e in client.events(run_id)]
     assert journal.violations() == []
+
+
+def test_a_pass_publishes_every_re_driven_message_through_the_real_broker(backend: Backend,
+                                                                         counter: Path) -> None:
+    """The pass's messages go out in one batch at its end (a Redis pipeline; the filesystem
+    transport publishes at once): each reaches a real worker, which finishes the run."""
+    from tests.support.workers import in_process_worker
+
+    client = Client(backend.settings)
+    try:
+        run_ids = [client.start_run(linear(counter, 1), {"n": n}) for n in range(3)]
+        lease = client.runtime.journal.get_lease(run_ids[-1])
+        assert lease is not None
+        report = sweep(client.runtime, now=lease.expires_at + timedelta(seconds=1))
+        assert sorted(report.recovered) == sorted(run_ids)
+        with in_process_worker(client):
+            finished = [client.wait(run_id, timeout=60) for run_id in run_ids]
+        assert [run.status for run in finished] == ["succeeded"] * 3
+        for run_id in run_ids:
+            started = [e.generation for e in client.events(run_id) if e.kind == "step_started"]
+            assert started and set(started) == {2}  # the generation-1 triggers were dropped as stale
+        assert sorted(calls(counter)) == ["s0"] * 3
+    finally:
+        client.close()
+
+
+def _orphans(client: Client, outbox: list[Message], counter: Path, count: int) -> list[str]:
+    """`count` runs whose trigger message was lost: in flight, with a lease that will expire."""
+    run_ids = [client.start_run(linear(counter, 1), {"n": n}) for n in range(count)]
+    outbox.clear()
+    return run_ids
+
+
+def _transactions_of_a_pass(client: Client, now: Any) -> tuple[int, Any]:
+    began: list[int] = []
+
+    def count(*_: Any) -> None:
+        began.append(1)
+
+    sa.event.listen(client.runtime.journal.engine, "begin", count)
+    try:
+        report = sweep(client.runtime, now=now)
+    finally:
+        sa.event.remove(client.runtime.journal.engine, "begin", count)
+    return len(began), report
+
+
+def test_a_pass_re_drives_all_its_orphans_in_one_transaction(client: Client, outbox: list[Message],
+                                                            counter: Path) -> None:
+    one = _orphans(client, outbox, counter, 1)
+    later = utcnow() + timedelta(seconds=client.runtime.settings.lease_ttl + 1)
+    with_one, report = _transactions_of_a_pass(client, later)
+    assert list(report.recovered) == one
+    sent = list(outbox)
+    five = _orphans(client, outbox, counter, 5)
+    with_five, report = _transactions_of_a_pass(client, later + timedelta(seconds=1))
+    assert sorted(report.recovered) == sorted(five)
+    assert with_five == with_one  # not one transaction per orphan
+    outbox[:0] = sent
+    assert sorted(run_id for run_id, _, _ in outbox) == sorted(one + five)
+    for run_id in five:
+        recovered = [e.payload for e in client.events(run_id) if e.kind == "run_recovered"]
+        assert recovered == [{"generation": 2, "resumed_steps": ["start"]}]
+    while outbox:
+        execute_step(client.runtime, *outbox.pop(0))
+    assert {client.get_run(r).status for r in one + five} == {"succeeded"}
+    assert client.runtime.journal.violations() == []
+
+
+def test_an_orphan_whose_plan_cannot_be_made_does_not_hold_up_the_others(
+        client: Client, outbox: list[Message], counter: Path) -> None:
+    run_ids = _orphans(client, outbox, counter, 3)
+    poisoned = run_ids[1]
+    with client.runtime.journal.engine.begin() as conn:  # a plan this version can no longer parse
+        conn.execute(sa.update(runs).where(runs.c.id == poisoned)
+                     .values(graph={"nodes": "not a list"}, graph_hash="0" * 64))
+    later = utcnow() + timedelta(seconds=client.runtime.settings.lease_ttl + 1)
+    report = sweep(client.runtime, now=later)
+    assert sorted(report.recovered) == sorted(r for r in run_ids if r != poisoned)
+    lease = client.runtime.journal.get_lease(poisoned)
+    assert lease is not None and lease.generation == 1  # untouched: the next pass tries again
+    assert "run_recovered" not in [e.kind for e in client.events(poisoned)]
+
+
+def test_a_batch_gives_no_lease_back_to_a_run_that_finished_after_it_was_read(
+        client: Client, outbox: list[Message], counter: Path) -> None:
+    """The race on purpose: the batch read the runs as in flight, then one of them finished and
+    dropped its lock row before the steal. The steal must not give that run a lock row back."""
+    run_ids = _orphans(client, outbox, counter, 2)
+    finishing = run_ids[0]
+    journal = client.runtime.journal
+    with journal.engine.begin() as conn:
+        conn.execute(sa.delete(run_locks).where(run_locks.c.run_id == finishing))
+
+    finished: list[str] = []
+
+    def finish_first(_conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if not finished and statement.lstrip().upper().startswith("INSERT INTO RUN_LOCKS"):
+            finished.append(finishing)  # on the batch's own connection, just before its steal
+            cursor.execute(f"UPDATE runs SET status = 'succeeded' WHERE id = '{finishing}'")
+
+    sa.event.listen(journal.engine, "before_cursor_execute", finish_first)
+    later = utcnow() + timedelta(seconds=client.runtime.settings.lease_ttl + 1)
+    try:
+        recoveries = journal.recover_orphans(run_ids=run_ids, worker_id="recovery:test", now=later,
+                                             lease_ttl=RECOVERY_LEASE_SECONDS,
+                                             plan=lambda run, done: ("start",), redeliver_after=60)
+    finally:
+        sa.event.remove(journal.engine, "before_cursor_execute", finish_first)
+    assert finished == [finishing]
+    assert list(recoveries) == [run_ids[1]]
+    assert journal.get_lease(finishing) is None
+    assert "run_recovered" not in [e.kind for e in client.events(finishing)]

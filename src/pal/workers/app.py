@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery
@@ -74,12 +77,29 @@ def create_app(settings: Settings) -> PalCelery:
         app.conf.update(worker_enable_remote_control=False, worker_send_task_events=False,
                         task_send_sent_event=False, broker_transport=TRANSPORT)
 
+    batching = threading.local()  # the producer of this thread's open publish batch, if any
+
     def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0) -> None:
         # A countdown is held by the consuming worker's timer, not by a blocked process.
         app.send_task(EXECUTE_NODE, args=[run_id, step_id, generation], queue=settings.queue,
-                      countdown=countdown if countdown > 0 else None)
+                      countdown=countdown if countdown > 0 else None,
+                      producer=getattr(batching, "producer", None))
 
-    app.runtime = Runtime(settings, publish)
+    @contextmanager
+    def publish_batch() -> Iterator[None]:
+        # kombu buffers the batch's messages (and their task-sent events) and sends them in one
+        # Redis pipeline at the end; a transport without batches publishes at once.
+        if getattr(batching, "producer", None) is not None:  # already batching: join it
+            yield
+            return
+        with app.producer_or_acquire() as producer, producer.batch():
+            batching.producer = producer
+            try:
+                yield
+            finally:
+                batching.producer = None
+
+    app.runtime = Runtime(settings, publish, publish_batch)
     from pal.tasks import register_tasks
 
     register_tasks(app)
