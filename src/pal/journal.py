@@ -34,6 +34,7 @@ from pal.autocommit import calls_for
 from pal.errors import LeaseBusy, LeaseLost, Refused, RunNotFound, journal_error
 from pal.interpreter import Handoff
 from pal.lru import Lru
+from pal.mapping_views import WithOne
 from pal.nodes.base import Receipt, Usage
 from pal.schema import (
     IN_FLIGHT_STATUSES,
@@ -466,7 +467,7 @@ class Journal:
         known = self._known_log(run_id)
         if step_id in known.outputs:
             return None
-        decision = plan({**known.outputs, step_id: payload["output"]})
+        decision = plan(WithOne(known.outputs, step_id, payload["output"]))
         if decision.finished or not decision.dispatch:
             return None
         assert self.calls is not None

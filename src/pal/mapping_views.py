@@ -42,3 +42,21 @@ class AsNodeOutputs(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._outputs)
+
+
+class WithOne(Mapping[str, Any]):
+    """`source` plus one more key (or that key's new value): a completion's outputs before the
+    journal has it."""
+
+    def __init__(self, source: Mapping[str, Any], key: str, value: Any) -> None:
+        self._source, self._key, self._value = source, key, value
+
+    def __getitem__(self, key: str) -> Any:
+        return self._value if key == self._key else self._source[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from (key for key in self._source if key != self._key)
+        yield self._key
+
+    def __len__(self) -> int:
+        return len(self._source) + (self._key not in self._source)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pal import templates
-from pal.mapping_views import AsNodeOutputs, OnlyKeys
+from pal.mapping_views import AsNodeOutputs, OnlyKeys, WithOne
 
 
 def test_only_keys_shows_the_allowed_keys_and_nothing_else() -> None:
@@ -25,3 +25,14 @@ def test_node_outputs_read_as_templates_expect() -> None:
     context = {"input": {}, "nodes": view, "run": {"id": "r"}}
     assert templates.render("{{ nodes.s0.output.value + nodes.s1.output[1] }}", context) == 5
     assert templates.render("{{ nodes | length }}", context) == 2
+
+
+def test_with_one_adds_or_replaces_one_key() -> None:
+    source = {"a": 1, "b": 2}
+    added = WithOne(source, "c", 3)
+    assert dict(added) == {"a": 1, "b": 2, "c": 3} and len(added) == 3
+    replaced = WithOne(source, "a", 9)
+    assert dict(replaced) == {"a": 9, "b": 2} and len(replaced) == 2
+    assert source == {"a": 1, "b": 2}
+    with pytest.raises(KeyError):
+        added["d"]
