@@ -37,10 +37,11 @@ soak: $(STAMP)
 	PAL_SOAK_DURATION=$(DURATION) PAL_SOAK_SEED=$(SEED) $(BIN)/pytest -s tests/soak
 
 # Every benchmark and its peers (DBOS included) in one run; rewrites the results block of
-# docs/benchmarks.md. Not part of `make test`. QUICK=1 for a smoke run.
+# docs/benchmarks.md. Not part of `make test`. REPS=5 for more repetitions, QUICK=1 for a smoke run.
+REPS ?= 3
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
-	$(BIN)/python bench/all.py $(if $(QUICK),--quick,)
+	$(BIN)/python bench/all.py --reps $(REPS) $(if $(QUICK),--quick,)
 
 clean:
 	rm -rf $(VENV) .pal .mypy_cache .ruff_cache
