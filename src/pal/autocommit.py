@@ -41,7 +41,8 @@ class AutocommitCalls:
         try:
             with connection.cursor() as cursor:
                 cursor.execute(sql, params)
-                return list(cursor.fetchall())
+                rows: list[tuple[Any, ...]] = cursor.fetchall()
+                return rows
         except self._dbapi.Error as exc:
             gone = (self._dbapi.OperationalError, self._dbapi.InterfaceError)
             lost = connection.closed or isinstance(exc, gone)

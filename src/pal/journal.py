@@ -30,7 +30,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from pal import faults, retry
-from pal.autocommit import calls_for
+from pal.autocommit import AutocommitCalls, calls_for
 from pal.errors import LeaseBusy, LeaseLost, Refused, RunNotFound, journal_error
 from pal.interpreter import Handoff
 from pal.lru import Lru
@@ -240,9 +240,9 @@ class Journal:
         self._append_stmt = self._insert(journal_events).values(_EVENT_VALUES).returning(journal_events.c.seq)
         self._append_once_stmt = (self._insert(journal_events).values(_EVENT_VALUES)
                                   .on_conflict_do_nothing().returning(journal_events.c.seq))
-        self._functions = engine.dialect.name == "postgresql"
-        # Postgres: the one-call claim and completion run here (pal.autocommit); None on SQLite.
-        self.calls = calls_for(engine) if self._functions else None
+        # Postgres: the step functions exist and the one-call claim and completion run here
+        # (pal.autocommit); None on SQLite, which takes the plain statements.
+        self.calls = calls_for(engine) if engine.dialect.name == "postgresql" else None
 
     @contextmanager
     def _tx(self) -> Iterator[sa.Connection]:
@@ -320,8 +320,9 @@ class Journal:
         now: datetime, lease_ttl: float,
     ) -> Claim:
         """Step protocol, phase 1: fence on the lease and append `step_started`."""
-        if self._functions:
-            claim = self._claim_in_one_call(run_id, step_id, generation, worker_id, now, lease_ttl)
+        if self.calls is not None:
+            claim = self._claim_in_one_call(self.calls, run_id, step_id, generation, worker_id, now,
+                                            lease_ttl)
             if claim is not None:
                 return claim
         with self._tx() as conn:
@@ -340,15 +341,13 @@ class Journal:
             if step_id in log.waited:
                 return Claim(ClaimOutcome.WAITING, run)  # parked: only a decision or its child resumes it
             # The attempt comes from the journal: a crash mid-attempt resumes the same attempt.
-            retries = log.retries.get(step_id, ())
-            attempt = 1 + len(retries)
-            if retries and retries[-1].get("wake_at"):
-                due = datetime.fromisoformat(retries[-1]["wake_at"])
-                if due > now:  # an early message (a re-drive): the backoff still holds
-                    wait_s = (due - now).total_seconds()
-                    hold, _ = retry.backoff_lease(wait_s, lease_ttl)
-                    self._fence(conn, run_id, generation, worker_id, now, hold)
-                    return Claim(ClaimOutcome.BACKOFF, run, attempt, wait_s=wait_s)
+            attempt = log.next_attempt(step_id)
+            due = log.backoff_due(step_id)
+            if due is not None and due > now:  # an early message (a re-drive): the backoff still holds
+                wait_s = (due - now).total_seconds()
+                hold, _ = retry.backoff_lease(wait_s, lease_ttl)
+                self._fence(conn, run_id, generation, worker_id, now, hold)
+                return Claim(ClaimOutcome.BACKOFF, run, attempt, wait_s=wait_s)
             started = self._start(conn, run_id, step_id, attempt, worker_id, generation, now)
             if started is None:
                 return Claim(ClaimOutcome.DUPLICATE, run)
@@ -360,8 +359,8 @@ class Journal:
                 )
         return Claim(ClaimOutcome.RUN, run, attempt, log.outputs)
 
-    def _claim_in_one_call(self, run_id: str, step_id: str, generation: int, worker_id: str,
-                           now: datetime, lease_ttl: float) -> Claim | None:
+    def _claim_in_one_call(self, calls: AutocommitCalls, run_id: str, step_id: str, generation: int,
+                           worker_id: str, now: datetime, lease_ttl: float) -> Claim | None:
         """Postgres: the usual claim as one autocommit call of `pal_claim_step` (migration 0006).
 
         The attempt is predicted from this process's step log; the function starts it only if no
@@ -372,13 +371,12 @@ class Journal:
         run, known = self._claimed_runs.get(run_id), self._known_log(run_id)
         if run is None or step_id in known.outputs or step_id in known.waited:
             return None
-        retries = known.retries.get(step_id, ())
-        if retries and retries[-1].get("wake_at") and datetime.fromisoformat(retries[-1]["wake_at"]) > now:
+        due = known.backoff_due(step_id)
+        if due is not None and due > now:
             return None
-        attempt = 1 + len(retries)
+        attempt = known.next_attempt(step_id)
         payload = json.dumps({"attempt": attempt, "worker": worker_id})
-        assert self.calls is not None
-        rows = [EventRow(*row) for row in self.calls.rows(_CLAIM_STEP, (
+        rows = [EventRow(*row) for row in calls.rows(_CLAIM_STEP, (
             run_id, generation, worker_id, now + timedelta(seconds=lease_ttl), known.seq,
             step_id, attempt, payload, now, not known.outputs))]
         marker = rows[-1].seq if rows and rows[-1].seq < 0 else None
@@ -424,8 +422,8 @@ class Journal:
             payload["usage"] = {"input_tokens": usage.input_tokens,
                                 "output_tokens": usage.output_tokens,
                                 "cost_usd": str(usage.cost_usd)}
-        if self._functions and "usage" not in payload:
-            handoff = self._complete_in_one_call(run_id, step_id, attempt, payload, generation,
+        if self.calls is not None and "usage" not in payload:
+            handoff = self._complete_in_one_call(self.calls, run_id, step_id, attempt, payload, generation,
                                                  worker_id, now, lease_ttl, plan)
             if handoff is not None:
                 return handoff
@@ -453,8 +451,9 @@ class Journal:
                 self._park_if_idle(conn, run_id, generation, now, frontier)
             return decision
 
-    def _complete_in_one_call(self, run_id: str, step_id: str, attempt: int, payload: Mapping[str, Any],
-                              generation: int, worker_id: str, now: datetime, lease_ttl: float,
+    def _complete_in_one_call(self, calls: AutocommitCalls, run_id: str, step_id: str, attempt: int,
+                              payload: Mapping[str, Any], generation: int, worker_id: str,
+                              now: datetime, lease_ttl: float,
                               plan: Callable[[Mapping[str, Any]], Handoff]) -> Handoff | None:
         """Postgres: a completion that only hands off, as one autocommit call of
         `pal_complete_step` (migration 0006).
@@ -470,8 +469,7 @@ class Journal:
         decision = plan(WithOne(known.outputs, step_id, payload["output"]))
         if decision.finished or not decision.dispatch:
             return None
-        assert self.calls is not None
-        rows = [EventRow(*row) for row in self.calls.rows(_COMPLETE_STEP, (
+        rows = [EventRow(*row) for row in calls.rows(_COMPLETE_STEP, (
             run_id, generation, worker_id, now + timedelta(seconds=lease_ttl), known.seq,
             step_id, attempt, json.dumps(payload), now))]
         if not rows:
@@ -751,16 +749,7 @@ class Journal:
             ).mappings()}
             if not rows:
                 return {}
-            steal = self._insert(run_locks).values([
-                {"run_id": run_id, "worker_id": worker_id, "expires_at": expires, "generation": 1,
-                 "redeliver_at": redeliver_at} for run_id in sorted(rows)])
-            steal = steal.on_conflict_do_update(
-                index_elements=[run_locks.c.run_id],
-                set_={"worker_id": worker_id, "expires_at": expires, "redeliver_at": redeliver_at,
-                      "generation": run_locks.c.generation + 1},
-                where=sa.and_(run_locks.c.worker_id != PARKED, run_locks.c.expires_at < now),
-            ).returning(run_locks.c.run_id, run_locks.c.generation)
-            stolen: dict[str, int] = {run_id: generation for run_id, generation in conn.execute(steal).all()}
+            stolen = self._steal(conn, sorted(rows), worker_id, now, expires, redeliver_at, take_live=False)
             self._drop_lock_rows_of_finished(conn, stolen, worker_id)
             if not stolen:
                 return {}
@@ -776,14 +765,37 @@ class Journal:
                 run = _run_record(row, self._graph(conn, run_id, row["kind"], row["graph_hash"]))
                 log = self._read_on(conn, run_id, known[run_id], new_events[run_id])
                 recoveries[run_id] = Recovery(generation, tuple(plan(run, log.outputs)))
-            conn.execute(journal_events.insert(), [
-                {"run_id": run_id, "step_id": None, "attempt": None, "kind": "run_recovered",
-                 "payload": {"generation": r.generation, "resumed_steps": list(r.resumed_steps)},
-                 "generation": r.generation, "created_at": now} for run_id, r in recoveries.items()])
-            idle = [run_id for run_id, r in recoveries.items() if not r.resumed_steps]
-            if idle:
-                conn.execute(run_locks.update().where(run_locks.c.run_id.in_(idle)).values(redeliver_at=None))
+            self._record_recoveries(conn, recoveries, now, redelivery=True)
         return recoveries
+
+    def _steal(self, conn: sa.Connection, run_ids: Sequence[str], worker_id: str, now: datetime,
+               expires: datetime, redeliver_at: datetime | None, take_live: bool) -> dict[str, int]:
+        """Take the runs' leases, in the order given: one UPSERT (generation + 1, or a new lock row
+        at generation 1 for a run that had none). Only an expired lease is taken unless
+        `take_live`, and never a parked run's wake-up timer (the run may have parked since it was
+        read). The generation of each run taken."""
+        stmt = self._insert(run_locks).values([
+            {"run_id": run_id, "worker_id": worker_id, "expires_at": expires, "generation": 1,
+             "redeliver_at": redeliver_at} for run_id in run_ids])
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[run_locks.c.run_id],
+            set_={"worker_id": worker_id, "expires_at": expires, "redeliver_at": redeliver_at,
+                  "generation": run_locks.c.generation + 1},
+            where=sa.and_(run_locks.c.worker_id != PARKED,
+                          sa.true() if take_live else run_locks.c.expires_at < now),
+        ).returning(run_locks.c.run_id, run_locks.c.generation)
+        return {run_id: generation for run_id, generation in conn.execute(stmt).all()}
+
+    def _record_recoveries(self, conn: sa.Connection, recoveries: Mapping[str, Recovery], now: datetime,
+                           *, redelivery: bool) -> None:
+        """Journal each `run_recovered`; a recovery that resumes nothing needs no redelivery."""
+        conn.execute(journal_events.insert(), [
+            {"run_id": run_id, "step_id": None, "attempt": None, "kind": "run_recovered",
+             "payload": {"generation": r.generation, "resumed_steps": list(r.resumed_steps)},
+             "generation": r.generation, "created_at": now} for run_id, r in recoveries.items()])
+        idle = [run_id for run_id, r in recoveries.items() if not r.resumed_steps]
+        if redelivery and idle:
+            conn.execute(run_locks.update().where(run_locks.c.run_id.in_(idle)).values(redeliver_at=None))
 
     def _drop_lock_rows_of_finished(self, conn: sa.Connection, stolen: dict[str, int],
                                     worker_id: str) -> None:
@@ -823,20 +835,8 @@ class Journal:
                     take_live = True
             # Due for a resend unless a worker claims a step first (cleared below if none resumes).
             redeliver_at = now + timedelta(seconds=redeliver_after) if redeliver_after is not None else None
-            stmt = self._insert(run_locks).values(
-                run_id=run_id, worker_id=worker_id, expires_at=expires, generation=1,
-                redeliver_at=redeliver_at,
-            )
-            # Never a parked run's wake-up timer: the run may have parked since it was read.
-            update_where = sa.and_(run_locks.c.worker_id != PARKED,
-                                   sa.true() if take_live else run_locks.c.expires_at < now)
-            stmt = stmt.on_conflict_do_update(
-                index_elements=[run_locks.c.run_id],
-                set_={"worker_id": worker_id, "expires_at": expires, "redeliver_at": redeliver_at,
-                      "generation": run_locks.c.generation + 1},
-                where=update_where,
-            ).returning(run_locks.c.generation)
-            generation = conn.execute(stmt).scalar()
+            stolen = self._steal(conn, [run_id], worker_id, now, expires, redeliver_at, take_live)
+            generation = stolen.get(run_id)
             if generation is None:
                 return None
             if generation == 1 and conn.execute(sa.select(runs.c.status).where(
@@ -845,12 +845,9 @@ class Journal:
                 # after it was read above. Roll the insert back.
                 raise _FinishedMeanwhile(run_id)
             steps = tuple(plan(run, self._completed(conn, run_id)))
-            self._append(conn, run_id, None, None, "run_recovered",
-                         {"generation": generation, "resumed_steps": list(steps)},
-                         generation, now)
-            if not steps and redeliver_at is not None:
-                conn.execute(run_locks.update().where(run_locks.c.run_id == run_id).values(redeliver_at=None))
-        return Recovery(generation=generation, resumed_steps=steps)
+            recovery = Recovery(generation=generation, resumed_steps=steps)
+            self._record_recoveries(conn, {run_id: recovery}, now, redelivery=redeliver_at is not None)
+        return recovery
 
     def redeliverable_runs(self, *, now: datetime, limit: int) -> list[str]:
         """Recovered runs whose re-driven steps no worker has claimed by their redelivery time."""
@@ -1131,7 +1128,7 @@ class Journal:
                         now: datetime, lease_ttl: float) -> StepLog | None:
         """`_fence`, then the run's step log as this transaction sees it; None when fenced out.
         On Postgres one round trip."""
-        if not self._functions:
+        if self.calls is None:
             if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
                 return None
             return self._step_log(conn, run_id)
@@ -1148,7 +1145,7 @@ class Journal:
         """`_fence`, append `step_completed` (once per step), then the run's step log as this
         transaction sees it; None if the step had completed already, LeaseLost when fenced out.
         On Postgres one round trip."""
-        if not self._functions:
+        if self.calls is None:
             if not self._fence(conn, run_id, generation, worker_id, now, lease_ttl):
                 raise _lease_lost(run_id, generation)
             seq = self._append(conn, run_id, step_id, attempt, "step_completed", payload, generation,
@@ -1168,7 +1165,7 @@ class Journal:
                generation: int, now: datetime) -> int | None:
         """Append `step_started`: its seq, None if this attempt was claimed under this generation."""
         payload = {"attempt": attempt, "worker": worker_id}
-        if not self._functions:
+        if self.calls is None:
             return self._append(conn, run_id, step_id, attempt, "step_started", payload, generation,
                                 now, on_conflict_skip=True)
         seq: int | None = conn.exec_driver_sql(_START_STEP, (

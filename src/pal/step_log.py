@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
@@ -31,6 +32,17 @@ class StepLog:
     outputs: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     retries: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=lambda: _EMPTY)
     waited: frozenset[str] = frozenset()
+
+    def next_attempt(self, step_id: str) -> int:
+        """The attempt a claim of the step starts: 1 plus its retries (a crash mid-attempt
+        resumes the same attempt, so it keeps its idempotency key)."""
+        return 1 + len(self.retries.get(step_id, ()))
+
+    def backoff_due(self, step_id: str) -> datetime | None:
+        """When the step's last retry lets the next attempt start; None if it set no wait."""
+        retries = self.retries.get(step_id, ())
+        wake_at = retries[-1].get("wake_at") if retries else None
+        return datetime.fromisoformat(wake_at) if wake_at else None
 
     def extended(self, rows: Iterable[Any]) -> StepLog:
         """This log with later events (rows of seq, step_id, kind, payload, in seq order) added;
