@@ -206,21 +206,21 @@ class Scenario:
 
 
 def _wait_terminal(client: Client, run_ids: list[str], timeout: float) -> list[Any]:
+    """Wait until every run is terminal, asking about one run per tick (the first unfinished
+    one), as the peers' drivers make one call per tick: polling every run each tick cost the
+    measured machine about 1 ms of driver and Postgres CPU per step of 20 concurrent graphs."""
     deadline = time.monotonic() + timeout
-    pending = set(run_ids)
-    finished: dict[str, Any] = {}
-    while pending:
-        for run_id in list(pending):
-            run = client.get_run(run_id)
-            if run.terminal:
-                finished[run_id] = run
-                pending.discard(run_id)
-        if not pending:
-            break
+    finished: list[Any] = []
+    while len(finished) < len(run_ids):
+        run = client.get_run(run_ids[len(finished)])
+        if run.terminal:
+            finished.append(run)
+            continue
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(pending)} of {len(run_ids)} PAL runs unfinished after {timeout:g}s")
+            raise TimeoutError(f"{len(run_ids) - len(finished)} of {len(run_ids)} PAL runs "
+                               f"unfinished after {timeout:g}s")
         time.sleep(POLL)
-    return [finished[r] for r in run_ids]
+    return finished
 
 
 def pal_settings(url: str, home: Path, prefix: str, queue: str) -> tuple[Settings, dict[str, str]]:

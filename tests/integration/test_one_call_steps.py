@@ -9,6 +9,7 @@ check that the one-call paths are really taken and survive a lost connection.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -223,3 +224,31 @@ def test_disposing_the_engine_closes_the_autocommit_connections(postgres_backend
         assert connection.closed
     finally:
         a.client.close()
+
+
+def test_the_lease_fence_renews_the_lock_row_in_place(postgres_backend: Backend, pg_admin: sa.Engine,
+                                                      counter: Path) -> None:
+    """Migration 0007: with no index on `expires_at`, every claim's and completion's lease renewal
+    is a heap-only (HOT) update: no new index entries, no index bloat."""
+    a = Process(postgres_backend)
+    try:
+        run_id = a.client.start_run(linear(counter, 5), {})
+        with a.client.runtime.journal.engine.connect() as conn:
+            schema = conn.execute(sa.text("SELECT current_schema()")).scalar()
+        while a.outbox:
+            assert a.deliver(a.outbox.pop(0)) == "completed"
+        assert a.client.get_run(run_id).status == "succeeded"
+    finally:
+        a.client.close()  # its backends exit, which flushes their table statistics
+    query = sa.text("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                    "WHERE schemaname = :schema AND relname = 'run_locks'")
+    deadline = time.monotonic() + 10
+    with pg_admin.connect() as conn:
+        while True:
+            conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
+            updates, hot = conn.execute(query, {"schema": schema}).one()
+            if updates >= 12 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    assert updates >= 12  # a fence per claim and per completion of 6 of the 7 steps at least
+    assert hot == updates
