@@ -49,6 +49,7 @@ if str(REPO) not in sys.path:
 
 import celery  # noqa: E402
 
+from bench import cpu  # noqa: E402
 from pal.client import Client  # noqa: E402
 from pal.config import Settings, load_settings  # noqa: E402
 from pal.database import create_engine, normalize_url  # noqa: E402
@@ -192,6 +193,7 @@ class Infra:
 class Measurement:
     steps: int
     seconds: float
+    cpu_ms: dict[str, float] = field(default_factory=dict)  # per step, by bench.cpu group
 
     @property
     def rate(self) -> float:
@@ -258,14 +260,14 @@ def measure_pal(infra: Infra, scenario: Scenario, tmp: Path) -> Measurement:
              "--loglevel", "WARNING"], env, log)
         client = Client(settings)
         try:
-            return _timed_runs(client, scenario, log)
+            return _timed_runs(client, scenario, log, worker.pid)
         finally:
             client.runtime.journal.engine.dispose()
             client.close()
             stop_process(worker)
 
 
-def _timed_runs(client: Client, scenario: Scenario, log: Path) -> Measurement:
+def _timed_runs(client: Client, scenario: Scenario, log: Path, worker_pid: int) -> Measurement:
     # Warm-up: both pool processes import, connect and parse a graph before the clock starts.
     warm = [client.start_run(linear_graph(2)) for _ in range(4)]
     try:
@@ -273,18 +275,20 @@ def _timed_runs(client: Client, scenario: Scenario, log: Path) -> Measurement:
     except TimeoutError:
         raise RuntimeError(f"pal worker not ready; log tail:\n{log_tail(log)}") from None
     graph = linear_graph(scenario.nodes)
+    cpu_before = cpu.snapshot(worker_pid)
     t0 = time.time()
     run_ids = [client.start_run(graph) for _ in range(scenario.graphs)]
     try:
         runs = _wait_terminal(client, run_ids, MEASURE_TIMEOUT)
     except TimeoutError as exc:
         raise RuntimeError(f"{exc}; worker log tail:\n{log_tail(log)}") from None
+    cpu_after = cpu.snapshot(worker_pid)
     bad = [r.status for r in runs if r.status != "succeeded"]
     if bad:
         raise RuntimeError(f"PAL runs ended {bad}; worker log tail:\n{log_tail(log)}")
     end = max(r.finished_at.timestamp() for r in runs)
     steps = sum(sum(1 for e in client.events(r) if e.kind == "step_completed") for r in run_ids)
-    return Measurement(steps, end - t0)
+    return Measurement(steps, end - t0, cpu.ms_per_step(cpu_before, cpu_after, steps))
 
 
 class Floor:
@@ -326,6 +330,7 @@ class Floor:
         self.runs += 1
         tag = f"m{self.runs}"
         key = f"{self.prefix}done:{tag}"
+        cpu_before = cpu.snapshot(self.worker.pid)
         t0 = time.time()
         for chain in range(scenario.graphs):
             self.producer.send_task("bench.hop", args=[tag, chain, 0, scenario.nodes, commits],
@@ -336,6 +341,7 @@ class Floor:
                 raise TimeoutError(f"peer chains unfinished after {timeout:g}s; log tail:\n"
                                    f"{log_tail(self.log)}")
             time.sleep(POLL)
+        cpu_after = cpu.snapshot(self.worker.pid)
         end = max(float(v) for v in self.infra.redis.hvals(key))
         self.infra.redis.delete(key)
         if commits:
@@ -345,7 +351,8 @@ class Floor:
             if rows != 2 * scenario.graphs * scenario.nodes:
                 raise RuntimeError(f"floor chain wrote {rows} rows, expected "
                                    f"{2 * scenario.graphs * scenario.nodes}")
-        return Measurement(scenario.graphs * scenario.nodes, end - t0)
+        steps = scenario.graphs * scenario.nodes
+        return Measurement(steps, end - t0, cpu.ms_per_step(cpu_before, cpu_after, steps))
 
     def close(self) -> None:
         stop_process(self.worker)
@@ -482,6 +489,24 @@ def summarize_anatomy(per_step: list[tuple[str, StepCost]]) -> list[str]:
 # ------------------------------------------------------------------------------------- main
 
 
+def median_cpu(samples: list[dict[str, float]]) -> dict[str, float]:
+    """Each group's median over the repetitions (empty without /proc)."""
+    return {group: statistics.median(s[group] for s in samples) for group in cpu.GROUPS} if samples else {}
+
+
+def cpu_lines(table: list[dict[str, Any]]) -> list[str]:
+    """CPU ms per step by process group, medians over the repetitions, for every scenario and kind."""
+    lines = [f"CPU per step, ms (medians; {'  '.join(f'{g:>8}' for g in cpu.GROUPS)}     total)"]
+    for row in table:
+        for kind, samples in row["cpu_samples"].items():
+            spent = median_cpu(samples)
+            if spent:
+                lines.append(f"  {row['scenario']:<22} {kind:<6} "
+                             + "  ".join(f"{spent[g]:8.2f}" for g in cpu.GROUPS)
+                             + f"  {sum(spent.values()):8.2f}")
+    return lines if len(lines) > 1 else []
+
+
 def median_rate(samples: list[Measurement]) -> float:
     rates = [m.rate for m in samples]
     return statistics.median(rates) if rates else float("nan")
@@ -579,13 +604,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{fmt(flo1, '14.1f')} {fmt(pal / raw, '8.2f')} {fmt(pal / flo, '9.2f')} "
               f"{fmt(pal / flo1, '10.2f')}")
         table.append({"scenario": label, "pal": pal, "raw": raw, "floor": flo, "floor1": flo1,
-                      "samples": {k: [m.rate for m in v] for k, v in results[s.name].items()}})
+                      "samples": {k: [m.rate for m in v] for k, v in results[s.name].items()},
+                      "cpu_samples": {k: [m.cpu_ms for m in v if m.cpu_ms]
+                                      for k, v in results[s.name].items()}})
     print("paired per-rep ratios (same rep, minutes apart at most):")
     for s in scenarios:
         pairs = zip(*(results[s.name][k] for k in ("pal", "raw", "floor")), strict=True)
         ratios = [(p.rate / r.rate, p.rate / f.rate) for p, r, f in pairs]
         print(f"  {s.name:<12} PAL/raw " + " ".join(f"{a:.2f}" for a, _ in ratios)
               + "   PAL/floor " + " ".join(f"{b:.2f}" for _, b in ratios))
+    print("\n".join(cpu_lines(table)))
     if anatomy_lines:
         print()
         print(f"per-step anatomy, in process, no broker (linear graph of {scenarios[0].nodes} tools):")
