@@ -112,8 +112,19 @@ async def measure(client: Client, url: str, token: str, document: dict[str, Any]
     else:
         tasks = [asyncio.create_task(poll(url, token, run_id, samples)) for _ in range(n)]
     client.approve(run_id, "gate", by="bench")
-    await asyncio.wait_for(asyncio.gather(*tasks), RUN_TIMEOUT)
+    try:
+        await asyncio.wait_for(asyncio.gather(*tasks), RUN_TIMEOUT)
+    except TimeoutError:
+        raise TimeoutError(f"{mode}: {sum(not t.done() for t in tasks)} of {n} clients unfinished after "
+                           f"{RUN_TIMEOUT:g}s; {describe_run(client, run_id)}") from None
     return samples
+
+
+def describe_run(client: Client, run_id: str) -> str:
+    """Where the run stands, for a timeout's message: did it stop, or did the streams miss its end?"""
+    run, events = client.get_run(run_id), client.events(run_id)
+    tail = ", ".join(f"{e.seq} {e.kind} {e.step_id or ''}".strip() for e in events[-4:])
+    return f"run {run_id} is {run.status} with {len(events)} events, the last: {tail}"
 
 
 def describe(samples: list[float]) -> str:
@@ -159,8 +170,12 @@ def main(argv: list[str] | None = None) -> int:
                         raise SystemExit("pal api did not start:\n" + log_tail(tmp / "api.log")) from None
                     time.sleep(0.2)
             document = graph(args.steps)
-            sse = asyncio.run(measure(client, api, token, document, args.subscribers, "sse"))
-            polled = asyncio.run(measure(client, api, token, document, args.subscribers, "poll"))
+            try:
+                sse = asyncio.run(measure(client, api, token, document, args.subscribers, "sse"))
+                polled = asyncio.run(measure(client, api, token, document, args.subscribers, "poll"))
+            except TimeoutError as exc:
+                raise SystemExit(f"{exc}\napi log tail:\n{log_tail(tmp / 'api.log')}\n"
+                                 f"worker log tail:\n{log_tail(tmp / 'worker.log')}") from None
             print(f"SSE, {args.subscribers} subscribers:      {describe(sse)}")
             print(f"polling every {POLL_PERIOD * 1000:.0f} ms (peer):  {describe(polled)}")
             print(f"ratio SSE / polling: p50 {statistics.median(sse) / statistics.median(polled):.2f}x")

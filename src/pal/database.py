@@ -56,6 +56,11 @@ def _ping_idle_connections(engine: Engine) -> None:
             cursor = dbapi_connection.cursor()
             cursor.execute("SELECT 1")
             cursor.close()
+            # psycopg2 opened a transaction for the ping: end it, so the connection is handed out
+            # as the pool keeps it, idle. pal.autocommit cannot switch a connection to autocommit
+            # inside a transaction; that failed the first one-call claim of a process whose pooled
+            # connection had sat idle for a second (a run resumed after an approval, say).
+            dbapi_connection.rollback()
         except engine.dialect.loaded_dbapi.Error as exc:
             raise sa.exc.DisconnectionError("the pooled connection is gone") from exc  # the pool reconnects
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+import pal.database
 from pal.client import Client
 from pal.errors import LeaseLost
 from pal.recovery import redrive
@@ -252,3 +253,24 @@ def test_the_lease_fence_renews_the_lock_row_in_place(postgres_backend: Backend,
             time.sleep(0.05)
     assert updates >= 12  # a fence per claim and per completion of 6 of the 7 steps at least
     assert hot == updates
+
+
+def test_the_first_one_call_after_an_idle_pooled_connection_runs(
+    postgres_backend: Backend, counter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process opens its autocommit connection from the pool at its first one-call claim; a
+    pooled connection that sat idle is pinged on checkout first, and the ping must not leave it
+    inside a transaction (psycopg2 cannot switch to autocommit there)."""
+    monkeypatch.setattr(pal.database, "PING_AFTER_IDLE_SECONDS", 0.0)  # every checkout pings
+    a = Process(postgres_backend)
+    try:
+        run_id = a.client.start_run(linear(counter, 3), {})
+        assert a.deliver(a.outbox.pop(0)) == "completed"  # start: a transaction, no autocommit yet
+        counted_calls = Counted(a.client)
+        while a.outbox:
+            assert a.deliver(a.outbox.pop(0)) == "completed"
+        assert "pal_claim_step" in counted_calls.calls
+        assert a.client.get_run(run_id).status == "succeeded"
+        assert calls(counter) == ["s0", "s1", "s2"]
+    finally:
+        a.client.close()
