@@ -28,6 +28,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import cpu  # noqa: E402
+
 DOC = REPO / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- make bench: begin -->", "<!-- make bench: end -->"
 STEP_TIMEOUT_S = 3600  # one benchmark script may take this long before the run is abandoned
@@ -83,9 +88,6 @@ def throughput_rows(throughput: dict[str, Any] | None, dbos: dict[str, Any]) -> 
     return rows
 
 
-CPU_GROUPS = ("driver", "worker", "pool", "postgres", "redis")  # as bench.cpu.GROUPS
-
-
 def cpu_rows(throughput: dict[str, Any] | None) -> list[str]:
     """Where a step's CPU goes (bench/cpu.py), PAL against the floor; paired per-rep ratios."""
     rows = ["| CPU ms per step (medians) | driver | worker main | pool | Postgres | Redis | total |",
@@ -95,7 +97,7 @@ def cpu_rows(throughput: dict[str, Any] | None) -> list[str]:
             spent = row.get("cpu_samples", {}).get(kind) or []
             if not spent:
                 continue
-            medians = [statistics.median(s[g] for s in spent) for g in CPU_GROUPS]
+            medians = list(cpu.medians(spent).values())
             rows.append(f"| {row['scenario']}, {'PAL' if kind == 'pal' else 'floor'} | "
                         + " | ".join(f"{m:.2f}" for m in medians)
                         + f" | {sum(medians):.2f} |")

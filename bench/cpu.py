@@ -11,6 +11,7 @@ one that exits in between is lost, which no measured process does.
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,3 +76,8 @@ def ms_per_step(before: Snapshot, after: Snapshot, steps: int) -> dict[str, floa
     for pid, (group, seconds) in after.items():
         spent[group] += seconds - before.get(pid, (group, 0.0))[1]
     return {group: 1000 * seconds / steps for group, seconds in spent.items()}
+
+
+def medians(samples: list[dict[str, float]]) -> dict[str, float]:
+    """Each group's median over several measurements' `ms_per_step` (empty without samples)."""
+    return {group: statistics.median(s[group] for s in samples) for group in GROUPS} if samples else {}

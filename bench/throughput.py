@@ -489,17 +489,12 @@ def summarize_anatomy(per_step: list[tuple[str, StepCost]]) -> list[str]:
 # ------------------------------------------------------------------------------------- main
 
 
-def median_cpu(samples: list[dict[str, float]]) -> dict[str, float]:
-    """Each group's median over the repetitions (empty without /proc)."""
-    return {group: statistics.median(s[group] for s in samples) for group in cpu.GROUPS} if samples else {}
-
-
 def cpu_lines(table: list[dict[str, Any]]) -> list[str]:
     """CPU ms per step by process group, medians over the repetitions, for every scenario and kind."""
     lines = [f"CPU per step, ms (medians; {'  '.join(f'{g:>8}' for g in cpu.GROUPS)}     total)"]
     for row in table:
         for kind, samples in row["cpu_samples"].items():
-            spent = median_cpu(samples)
+            spent = cpu.medians(samples)
             if spent:
                 lines.append(f"  {row['scenario']:<22} {kind:<6} "
                              + "  ".join(f"{spent[g]:8.2f}" for g in cpu.GROUPS)

@@ -723,11 +723,8 @@ class Journal:
         seconds from now unless a worker claims one first (see `redeliver`).
         """
         expires = now + timedelta(seconds=lease_ttl)
-        try:
-            return self._recover(run_id, worker_id, now, expires, plan, require_expired, allow_idle,
-                                 redeliver_after)
-        except _FinishedMeanwhile:
-            return None
+        return self._recover(run_id, worker_id, now, expires, plan, require_expired, allow_idle,
+                             redeliver_after)
 
     def recover_orphans(
         self, *, run_ids: Sequence[str], worker_id: str, now: datetime, lease_ttl: float,
@@ -799,8 +796,9 @@ class Journal:
 
     def _drop_lock_rows_of_finished(self, conn: sa.Connection, stolen: dict[str, int],
                                     worker_id: str) -> None:
-        """A lock row the batch inserted (generation 1) rather than stole belongs to a run that had
-        none: if that run finished after it was read, the row goes (as `_recover` rolls back)."""
+        """A lock row the steal inserted (generation 1) rather than stole belongs to a run that had
+        none: if that run finished (and dropped its lease) after it was read, the row goes again
+        and the run is no longer among the stolen."""
         inserted = [run_id for run_id, generation in stolen.items() if generation == 1]
         if not inserted:
             return
@@ -836,14 +834,10 @@ class Journal:
             # Due for a resend unless a worker claims a step first (cleared below if none resumes).
             redeliver_at = now + timedelta(seconds=redeliver_after) if redeliver_after is not None else None
             stolen = self._steal(conn, [run_id], worker_id, now, expires, redeliver_at, take_live)
+            self._drop_lock_rows_of_finished(conn, stolen, worker_id)
             generation = stolen.get(run_id)
             if generation is None:
                 return None
-            if generation == 1 and conn.execute(sa.select(runs.c.status).where(
-                    runs.c.id == run_id)).scalar() not in IN_FLIGHT_STATUSES:
-                # The lock row was inserted, not stolen: the run finished (and dropped its lease)
-                # after it was read above. Roll the insert back.
-                raise _FinishedMeanwhile(run_id)
             steps = tuple(plan(run, self._completed(conn, run_id)))
             recovery = Recovery(generation=generation, resumed_steps=steps)
             self._record_recoveries(conn, {run_id: recovery}, now, redelivery=redeliver_at is not None)
@@ -1323,10 +1317,6 @@ class Journal:
         self._parent_due(conn, run_id, now)
         faults.point("during_finish", None, run_id)
         return True
-
-
-class _FinishedMeanwhile(Exception):
-    """Control flow: a re-drive found the run finished under it; its transaction rolls back."""
 
 
 @contextmanager
