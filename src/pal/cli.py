@@ -79,6 +79,12 @@ def db_upgrade() -> None:
         _fail(f"migration failed: {exc}", EXIT_STORAGE)
 
 
+# PAL never revokes a Celery task (a cancel goes through the journal) and needs no worker elections,
+# so mingle (a second's wait at start for the neighbours' revoked ids) and gossip (each worker
+# consuming every other's events) buy nothing. Heartbeats stay: Flower shows a worker by them.
+WORKER_QUIET_FLAGS = ("--without-mingle", "--without-gossip")
+
+
 @app.command()
 def worker(
     concurrency: Annotated[int | None, typer.Option(help="Worker processes.")] = None,
@@ -89,11 +95,11 @@ def worker(
     from pal.workers import app as celery_app
 
     argv = ["worker", f"--loglevel={loglevel}", f"--pool={pool}",
-            f"--queues={celery_app.runtime.settings.queue}"]
+            f"--queues={celery_app.runtime.settings.queue}", *WORKER_QUIET_FLAGS]
     if concurrency:
         argv.append(f"--concurrency={concurrency}")
     if celery_app.runtime.settings.is_embedded_broker:
-        argv += ["--without-mingle", "--without-gossip", "--without-heartbeat"]
+        argv.append("--without-heartbeat")  # no broadcast on the filesystem broker: nobody listens
     celery_app.worker_main(argv)
 
 

@@ -51,6 +51,23 @@ def test_pal_worker_subprocess_runs_graphs(backend: Backend, pal_worker: subproc
     client.close()
 
 
+def test_pal_worker_starts_without_mingle_or_gossip(postgres_backend: Backend, tmp_path: Path) -> None:
+    """On Redis, Celery's mingle would hold every worker start for a second waiting for neighbours'
+    revoked-task ids, which PAL never uses: the worker skips it."""
+    log = tmp_path / "worker.log"
+    worker = start_pal_worker(postgres_backend, log)
+    try:
+        client = Client(postgres_backend.settings)
+        run_id = client.start_run(linear(tmp_path / "c.log", 1), {})
+        assert client.wait(run_id, timeout=120).status == "succeeded"
+        client.close()
+    finally:
+        stop_process(worker)
+    text = log.read_text()
+    assert " ready." in text, text
+    assert "mingle:" not in text, text
+
+
 def test_pal_run_follow_shows_steps_live(backend: Backend, pal_worker: subprocess.Popen[bytes],
                                          tmp_path: Path) -> None:
     graph_file = tmp_path / "g.json"

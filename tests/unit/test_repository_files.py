@@ -14,6 +14,7 @@ def test_docker_compose_parses_and_names_the_services() -> None:
     services = compose["services"]
     assert {"postgres", "redis", "worker", "beat", "flower", "api"} <= set(services)
     assert services["worker"]["command"][:4] == ["celery", "-A", "pal.workers", "worker"]
+    assert {"--without-mingle", "--without-gossip"} <= set(services["worker"]["command"])  # as `pal worker`
     assert services["beat"]["command"][:4] == ["celery", "-A", "pal.workers", "beat"]
     assert services["flower"]["command"][:2] == ["pal", "flower"]
     assert "PAL_FLOWER_BASIC_AUTH" in services["flower"]["environment"]
