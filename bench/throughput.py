@@ -50,6 +50,7 @@ if str(REPO) not in sys.path:
 import celery  # noqa: E402
 
 from bench import cpu  # noqa: E402
+from pal.autocommit import FunctionCall  # noqa: E402
 from pal.client import Client  # noqa: E402
 from pal.config import Settings, load_settings  # noqa: E402
 from pal.database import create_engine, normalize_url  # noqa: E402
@@ -419,12 +420,12 @@ def anatomy(infra: Infra, length: int, tmp: Path) -> list[tuple[str, StepCost]]:
         if journal.calls is not None:  # Postgres: each one-call statement is its own commit
             one_call = journal.calls.rows
 
-            def counted_rows(sql: str, params: Any) -> list[tuple[Any, ...]]:
+            def counted_rows(call: FunctionCall, params: Any) -> list[tuple[Any, ...]]:
                 cost.statements += 1
                 cost.commits += 1
                 t = time.perf_counter()
                 try:
-                    rows = one_call(sql, params)
+                    rows = one_call(call, params)
                 finally:
                     cost.db_seconds += time.perf_counter() - t
                 cost.rows += len(rows)

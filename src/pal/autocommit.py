@@ -1,11 +1,11 @@
 """One autocommit DBAPI connection per thread for the step protocol's single-statement calls.
 
 On Postgres a claim, and a completion that only hands off, are each one call of a server-side
-function that is atomic by itself (migrations 0005 and 0006). Such a call needs no BEGIN or
-COMMIT round trip, and none of the pool's checkout, reset and checkin around it either: on a busy
-worker those cost more than the call. The connections are the engine's own (same URL and
-options), taken from its pool and detached from it. Disposing the engine closes them; a forked
-child never uses its parent's (it opens its own).
+function that is atomic by itself (migrations 0005, 0006 and 0008), prepared once per connection.
+Such a call needs no BEGIN or COMMIT round trip, and none of the pool's checkout, reset and
+checkin around it either: on a busy worker those cost more than the call. The connections are
+the engine's own (same URL and options), taken from its pool and detached from it. Disposing the
+engine closes them; a forked child never uses its parent's (it opens its own).
 """
 
 from __future__ import annotations
@@ -15,12 +15,31 @@ import os
 import threading
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from pal.errors import journal_error
+
+
+@dataclass(frozen=True)
+class FunctionCall:
+    """`SELECT * FROM function(...)`, PREPAREd once per connection and then EXECUTEd by name, so
+    Postgres parses and plans the call once per connection instead of at every step."""
+
+    function: str
+    prepare: str  # PREPARE <function>_call (<types>) AS SELECT * FROM <function>($1, ...)
+    execute: str  # EXECUTE <function>_call (%s, ...): psycopg2 fills in the parameters
+
+    @classmethod
+    def of(cls, function: str, arg_types: Sequence[str]) -> FunctionCall:
+        name = f"{function}_call"
+        places = ", ".join(f"${i}" for i in range(1, len(arg_types) + 1))
+        return cls(function,
+                   f"PREPARE {name} ({', '.join(arg_types)}) AS SELECT * FROM {function}({places})",
+                   f"EXECUTE {name} ({', '.join(['%s'] * len(arg_types))})")
 
 
 class AutocommitCalls:
@@ -34,13 +53,17 @@ class AutocommitCalls:
         self._held: list[tuple[int, Any]] = []  # (pid, connection) of every thread's connection
         sa.event.listen(engine, "engine_disposed", self._on_disposed)
 
-    def rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        """Run one statement as its own transaction; its rows. StorageError on failure, with
+    def rows(self, call: FunctionCall, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Run one call as its own transaction; its rows. StorageError on failure, with
         `disconnected` set when the connection is gone (the next call opens a new one)."""
         connection = self._connection()
+        prepared: set[str] = self._local.prepared
         try:
             with connection.cursor() as cursor:
-                cursor.execute(sql, params)
+                if call.function not in prepared:
+                    cursor.execute(call.prepare)
+                    prepared.add(call.function)
+                cursor.execute(call.execute, params)
                 rows: list[tuple[Any, ...]] = cursor.fetchall()
                 return rows
         except self._dbapi.Error as exc:
@@ -65,6 +88,7 @@ class AutocommitCalls:
         connection: Any = fairy.dbapi_connection
         connection.autocommit = True
         self._local.held = (os.getpid(), connection)
+        self._local.prepared = set()  # the functions whose call this connection has PREPAREd
         with self._lock:
             self._held.append(self._local.held)
         return connection

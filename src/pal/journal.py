@@ -30,7 +30,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from pal import faults, retry
-from pal.autocommit import AutocommitCalls, calls_for
+from pal.autocommit import AutocommitCalls, FunctionCall, calls_for
 from pal.errors import LeaseBusy, LeaseLost, Refused, RunNotFound, journal_error
 from pal.interpreter import Handoff
 from pal.lru import Lru
@@ -84,8 +84,10 @@ _EVENT_VALUES: dict[str, Any] = {column: sa.bindparam(name) for column, name in 
 _CLAIM_FENCE = "SELECT * FROM pal_claim_fence(%s, %s, %s, %s, %s)"
 _COMPLETE_FENCE = "SELECT * FROM pal_complete_fence(%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s)"
 _START_STEP = "SELECT pal_start_step(%s, %s, %s, %s, %s::jsonb, %s)"
-_CLAIM_STEP = "SELECT * FROM pal_claim_step(%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s)"
-_COMPLETE_STEP = "SELECT * FROM pal_complete_step(%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s)"
+_CLAIM_STEP = FunctionCall.of("pal_claim_step", (
+    "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz", "boolean"))
+_COMPLETE_STEP = FunctionCall.of("pal_complete_step", (
+    "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz"))
 FENCED_OUT, ALREADY_COMPLETED, STARTED, DUPLICATE = -1, -2, -3, -4
 
 

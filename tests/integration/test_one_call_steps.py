@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 import pal.database
+from pal.autocommit import FunctionCall
 from pal.client import Client
 from pal.errors import LeaseLost
 from pal.recovery import redrive
@@ -157,9 +158,9 @@ class Counted:
         assert autocommit is not None
         original = autocommit.rows
 
-        def rows(sql: str, params: Any) -> Any:
-            self.calls.append(sql.split("(")[0].split()[-1])
-            return original(sql, params)
+        def rows(call: FunctionCall, params: Any) -> Any:
+            self.calls.append(call.function)
+            return original(call, params)
 
         autocommit.rows = rows  # type: ignore[method-assign]
 
@@ -184,6 +185,30 @@ def test_a_warm_step_is_one_call_to_claim_and_one_to_complete(postgres_backend: 
         assert [e.step_id for e in a.client.events(run_id) if e.kind == "step_completed"] == [
             "start", "s0", "s1"]
         assert a.client.get_run(run_id).status == "running"
+    finally:
+        a.client.close()
+
+
+def test_the_step_calls_are_prepared_once_per_connection(postgres_backend: Backend, counter: Path) -> None:
+    """Each call is PREPAREd on the connection's first use and then only EXECUTEd: Postgres
+    counts one plan use per call and keeps one prepared statement per function."""
+    a = Process(postgres_backend)
+    try:
+        a.client.start_run(linear(counter, 6), {})
+        a.deliver(a.outbox.pop(0))
+        a.deliver(a.outbox.pop(0))  # s0: this process now knows the run
+        counted_calls = Counted(a.client)
+        for _ in range(4):  # s1..s4: warm steps, each one claim call and one completion call
+            assert a.deliver(a.outbox.pop(0)) == "completed"
+        autocommit = a.client.runtime.journal.calls
+        assert autocommit is not None
+        with autocommit._connection().cursor() as cursor:
+            cursor.execute("SELECT name, generic_plans + custom_plans FROM pg_prepared_statements")
+            uses = dict(cursor.fetchall())
+        made = {f"{name}_call": counted_calls.calls.count(name) for name in set(counted_calls.calls)}
+        assert made == {"pal_claim_step_call": 4, "pal_complete_step_call": 4}
+        assert uses["pal_claim_step_call"] >= 4 and uses["pal_complete_step_call"] >= 4
+        assert set(uses) == set(made)  # one prepared statement per function, not one per call
     finally:
         a.client.close()
 
