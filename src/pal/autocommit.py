@@ -1,7 +1,7 @@
 """One autocommit DBAPI connection per thread for the step protocol's single-statement calls.
 
 On Postgres a claim, and a completion that only hands off, are each one call of a server-side
-function that is atomic by itself (migrations 0005, 0006 and 0008), prepared once per connection.
+function that is atomic by itself (migrations 0005 and 0006), prepared once per connection.
 Such a call needs no BEGIN or COMMIT round trip, and none of the pool's checkout, reset and
 checkin around it either: on a busy worker those cost more than the call. The connections are
 the engine's own (same URL and options), taken from its pool and detached from it. Disposing the
