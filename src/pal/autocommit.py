@@ -23,6 +23,9 @@ from sqlalchemy.engine import Engine
 
 from pal.errors import journal_error
 
+# SQLSTATE invalid_sql_statement_name: EXECUTE of a statement this server session never prepared.
+_NOT_PREPARED = "26000"
+
 
 @dataclass(frozen=True)
 class FunctionCall:
@@ -32,6 +35,7 @@ class FunctionCall:
     function: str
     prepare: str  # PREPARE <function>_call (<types>) AS SELECT * FROM <function>($1, ...)
     execute: str  # EXECUTE <function>_call (%s, ...): psycopg2 fills in the parameters
+    plain: str  # SELECT * FROM <function>(%s::<type>, ...): where statements cannot be kept
 
     @classmethod
     def of(cls, function: str, arg_types: Sequence[str]) -> FunctionCall:
@@ -39,7 +43,8 @@ class FunctionCall:
         places = ", ".join(f"${i}" for i in range(1, len(arg_types) + 1))
         return cls(function,
                    f"PREPARE {name} ({', '.join(arg_types)}) AS SELECT * FROM {function}({places})",
-                   f"EXECUTE {name} ({', '.join(['%s'] * len(arg_types))})")
+                   f"EXECUTE {name} ({', '.join(['%s'] * len(arg_types))})",
+                   f"SELECT * FROM {function}({', '.join(f'%s::{t}' for t in arg_types)})")
 
 
 class AutocommitCalls:
@@ -57,13 +62,9 @@ class AutocommitCalls:
         """Run one call as its own transaction; its rows. StorageError on failure, with
         `disconnected` set when the connection is gone (the next call opens a new one)."""
         connection = self._connection()
-        prepared: set[str] = self._local.prepared
         try:
             with connection.cursor() as cursor:
-                if call.function not in prepared:
-                    cursor.execute(call.prepare)
-                    prepared.add(call.function)
-                cursor.execute(call.execute, params)
+                self._execute(connection, cursor, call, params)
                 rows: list[tuple[Any, ...]] = cursor.fetchall()
                 return rows
         except self._dbapi.Error as exc:
@@ -72,6 +73,25 @@ class AutocommitCalls:
             if lost:
                 self._forget(connection)
             raise journal_error(str(exc), disconnected=bool(lost)) from exc
+
+    def _execute(self, connection: Any, cursor: Any, call: FunctionCall, params: Sequence[Any]) -> None:
+        prepared: set[str] | None = self._local.prepared
+        if prepared is None:  # this connection keeps no prepared statements
+            cursor.execute(call.plain, params)
+            return
+        if call.function not in prepared:
+            cursor.execute(call.prepare)
+            prepared.add(call.function)
+        try:
+            cursor.execute(call.execute, params)
+        except self._dbapi.Error as exc:
+            if getattr(exc, "pgcode", None) != _NOT_PREPARED or connection.closed:
+                raise
+            # The statement prepared a moment ago is gone: a pooler in transaction mode (PgBouncer)
+            # sent the EXECUTE to another server session. Nothing ran; from now on this connection
+            # calls the functions unprepared.
+            self._local.prepared = None
+            cursor.execute(call.plain, params)
 
     def _connection(self) -> Any:
         held = getattr(self._local, "held", None)
