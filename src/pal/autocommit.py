@@ -23,8 +23,10 @@ from sqlalchemy.engine import Engine
 
 from pal.errors import journal_error
 
-# SQLSTATE invalid_sql_statement_name: EXECUTE of a statement this server session never prepared.
-_NOT_PREPARED = "26000"
+# Behind a pooler in transaction mode (PgBouncer) consecutive statements of one connection may run
+# in different server sessions: an EXECUTE finds no statement (26000, invalid_sql_statement_name),
+# or a PREPARE finds another client's (42P05, duplicate_prepared_statement). Nothing ran either way.
+_STATEMENT_ELSEWHERE = frozenset({"26000", "42P05"})
 
 
 @dataclass(frozen=True)
@@ -79,18 +81,15 @@ class AutocommitCalls:
         if prepared is None:  # this connection keeps no prepared statements
             cursor.execute(call.plain, params)
             return
-        if call.function not in prepared:
-            cursor.execute(call.prepare)
-            prepared.add(call.function)
         try:
+            if call.function not in prepared:
+                cursor.execute(call.prepare)
+                prepared.add(call.function)
             cursor.execute(call.execute, params)
         except self._dbapi.Error as exc:
-            if getattr(exc, "pgcode", None) != _NOT_PREPARED or connection.closed:
+            if getattr(exc, "pgcode", None) not in _STATEMENT_ELSEWHERE or connection.closed:
                 raise
-            # The statement prepared a moment ago is gone: a pooler in transaction mode (PgBouncer)
-            # sent the EXECUTE to another server session. Nothing ran; from now on this connection
-            # calls the functions unprepared.
-            self._local.prepared = None
+            self._local.prepared = None  # from now on this connection calls the functions unprepared
             cursor.execute(call.plain, params)
 
     def _connection(self) -> Any:

@@ -213,16 +213,16 @@ def test_the_step_calls_are_prepared_once_per_connection(postgres_backend: Backe
         a.client.close()
 
 
-def test_a_connection_whose_prepared_calls_vanish_runs_them_unprepared(postgres_backend: Backend,
-                                                                       counter: Path) -> None:
-    """Behind a pooler in transaction mode an EXECUTE can reach a server session that never saw
-    the PREPARE. Simulated by deallocating the statements behind the journal's back: the step
-    still runs, and the connection calls the functions unprepared from then on."""
+@pytest.mark.parametrize("elsewhere", ["statements gone", "names taken"])
+def test_a_session_without_our_prepared_calls_runs_them_unprepared(postgres_backend: Backend,
+                                                                   counter: Path, elsewhere: str) -> None:
+    """Behind a pooler in transaction mode a statement can reach a server session that never saw
+    our PREPARE, or one where another client prepared the same name. Simulated behind the
+    journal's back on its own connection: the steps still run, one call each, and the connection
+    calls the functions unprepared from then on."""
     a = Process(postgres_backend)
     try:
         run_id = a.client.start_run(linear(counter, 5), {})
-        for _ in range(3):  # start, s0, s1: s1 is a warm step, its calls prepared
-            assert a.deliver(a.outbox.pop(0)) == "completed"
         autocommit = a.client.runtime.journal.calls
         assert autocommit is not None
         connection = autocommit._connection()
@@ -232,15 +232,24 @@ def test_a_connection_whose_prepared_calls_vanish_runs_them_unprepared(postgres_
                 cursor.execute("SELECT name FROM pg_prepared_statements ORDER BY name")
                 return [name for (name,) in cursor.fetchall()]
 
-        assert prepared() == ["pal_claim_step_call", "pal_complete_step_call"]
-        with connection.cursor() as cursor:
-            cursor.execute("DEALLOCATE ALL")
+        others = ["pal_claim_step_call", "pal_complete_step_call"]
+        if elsewhere == "names taken":  # before this connection's first call
+            with connection.cursor() as cursor:
+                for name in others:
+                    cursor.execute(f"PREPARE {name} AS SELECT 1")
+        for _ in range(3):  # start, s0, s1: s1 is a warm step
+            assert a.deliver(a.outbox.pop(0)) == "completed"
+        if elsewhere == "statements gone":
+            assert prepared() == others  # ours, so far
+            with connection.cursor() as cursor:
+                cursor.execute("DEALLOCATE ALL")
+            others = []
         counted_calls = Counted(a.client)
         while a.outbox:
             assert a.deliver(a.outbox.pop(0)) == "completed"
         assert counted_calls.calls[:2] == ["pal_claim_step", "pal_complete_step"]  # still one call each
         assert autocommit._connection() is connection
-        assert prepared() == []
+        assert prepared() == others  # nothing prepared since
         assert a.client.get_run(run_id).status == "succeeded"
         assert calls(counter) == ["s0", "s1", "s2", "s3", "s4"]
     finally:
