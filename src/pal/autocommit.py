@@ -77,6 +77,8 @@ class AutocommitCalls:
             raise journal_error(str(exc), disconnected=bool(lost)) from exc
 
     def _execute(self, connection: Any, cursor: Any, call: FunctionCall, params: Sequence[Any]) -> None:
+        """Execute the call by its prepared name, preparing it first on this connection's first
+        use; unprepared once the connection has shown that it cannot keep statements."""
         prepared: set[str] | None = self._local.prepared
         if prepared is None:  # this connection keeps no prepared statements
             cursor.execute(call.plain, params)
