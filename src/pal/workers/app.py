@@ -76,6 +76,10 @@ def create_app(settings: Settings) -> PalCelery:
         # The filesystem transport has no broadcast; these worker chats would only add noise.
         app.conf.update(worker_enable_remote_control=False, worker_send_task_events=False,
                         task_send_sent_event=False, broker_transport=TRANSPORT)
+    elif settings.broker_url.startswith("redis://"):
+        from pal.workers.redis_transport import TRANSPORT as REDIS_TRANSPORT
+
+        app.conf.update(broker_transport=REDIS_TRANSPORT)
 
     batching = threading.local()  # the producer of this thread's open publish batch, if any
 
