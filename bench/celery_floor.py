@@ -48,6 +48,11 @@ app.conf.update(
     broker_transport_options={"visibility_timeout": 3600, "global_keyprefix": KEY_PREFIX},
     task_default_queue=QUEUE,
 )
+if os.environ.get("BENCH_FLOOR_TRANSPORT") == "pal":
+    # The floor on PAL's Redis transport instead of stock kombu's (docs/benchmarks.md, change 11).
+    from pal.workers.redis_transport import TRANSPORT
+
+    app.conf.update(broker_transport=TRANSPORT)
 
 # Postgres connections by purpose and one Redis connection per worker process, opened lazily after
 # the fork: "async" and "durable" are autocommit sessions (synchronous_commit off and on), "tx" is
