@@ -307,7 +307,9 @@ class Floor:
                 "created_at timestamptz NOT NULL DEFAULT now())"))
         env = base_env()
         env.update(BENCH_BROKER_URL=REDIS_URL, BENCH_KEY_PREFIX=self.prefix, BENCH_QUEUE=self.queue,
-                   BENCH_DATABASE_URL=PG_URL, BENCH_SCHEMA=self.schema)
+                   BENCH_DATABASE_URL=PG_URL, BENCH_SCHEMA=self.schema,
+                   # =pal: the floor on PAL's Redis transport (docs/benchmarks.md, change 11)
+                   BENCH_FLOOR_TRANSPORT=os.environ.get("BENCH_FLOOR_TRANSPORT", ""))
         self.log = tmp / "floor-worker.log"
         self.worker = start_process(
             [sys.executable, "-m", "celery", "-A", "bench.celery_floor", "worker",
