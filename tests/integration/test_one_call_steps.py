@@ -189,6 +189,13 @@ def test_a_warm_step_is_one_call_to_claim_and_one_to_complete(postgres_backend: 
         a.client.close()
 
 
+def prepared_statements(connection: Any) -> dict[str, int]:
+    """The statements prepared in a DBAPI connection's session, with how often each was used."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, generic_plans + custom_plans FROM pg_prepared_statements")
+        return dict(cursor.fetchall())
+
+
 def test_the_step_calls_are_prepared_once_per_connection(postgres_backend: Backend, counter: Path) -> None:
     """Each call is PREPAREd on the connection's first use and then only EXECUTEd: Postgres
     counts one plan use per call and keeps one prepared statement per function."""
@@ -202,9 +209,7 @@ def test_the_step_calls_are_prepared_once_per_connection(postgres_backend: Backe
             assert a.deliver(a.outbox.pop(0)) == "completed"
         autocommit = a.client.runtime.journal.calls
         assert autocommit is not None
-        with autocommit._connection().cursor() as cursor:
-            cursor.execute("SELECT name, generic_plans + custom_plans FROM pg_prepared_statements")
-            uses = dict(cursor.fetchall())
+        uses = prepared_statements(autocommit._connection())
         made = {f"{name}_call": counted_calls.calls.count(name) for name in set(counted_calls.calls)}
         assert made == {"pal_claim_step_call": 4, "pal_complete_step_call": 4}
         assert uses["pal_claim_step_call"] >= 4 and uses["pal_complete_step_call"] >= 4
@@ -228,9 +233,7 @@ def test_a_session_without_our_prepared_calls_runs_them_unprepared(postgres_back
         connection = autocommit._connection()
 
         def prepared() -> list[str]:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT name FROM pg_prepared_statements ORDER BY name")
-                return [name for (name,) in cursor.fetchall()]
+            return sorted(prepared_statements(connection))
 
         others = ["pal_claim_step_call", "pal_complete_step_call"]
         if elsewhere == "names taken":  # before this connection's first call

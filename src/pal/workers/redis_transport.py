@@ -20,16 +20,16 @@ from kombu.transport import redis
 
 
 class Channel(redis.Channel):
+    _kept_client: Any = None  # the redis-py client of the channel's current pool
+
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
         if client:
             yield client
             return
-        pool = self.pool
-        kept = self.__dict__.get("_pal_client")
-        if kept is None or kept.connection_pool is not pool:
-            kept = self.__dict__["_pal_client"] = self._create_client()  # type: ignore[no-untyped-call]
-        yield kept
+        if self._kept_client is None or self._kept_client.connection_pool is not self.pool:
+            self._kept_client = self._create_client()  # type: ignore[no-untyped-call]
+        yield self._kept_client
 
 
 class Transport(redis.Transport):
