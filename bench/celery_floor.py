@@ -49,10 +49,11 @@ app.conf.update(
     task_default_queue=QUEUE,
 )
 if os.environ.get("BENCH_FLOOR_TRANSPORT") == "pal":
-    # The floor on PAL's Redis transport instead of stock kombu's (docs/benchmarks.md, change 11).
+    # The floor on PAL's Redis transport and worker consumer instead of stock kombu's and Celery's
+    # (docs/benchmarks.md, changes 11 and 13); its hop still publishes through send_task.
     from pal.workers.redis_transport import TRANSPORT
 
-    app.conf.update(broker_transport=TRANSPORT)
+    app.conf.update(broker_transport=TRANSPORT, worker_consumer="pal.workers.consumer:Consumer")
 
 # Postgres connections by purpose and one Redis connection per worker process, opened lazily after
 # the fork: "async" and "durable" are autocommit sessions (synchronous_commit off and on), "tx" is

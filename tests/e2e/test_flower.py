@@ -53,6 +53,16 @@ def test_flower_sees_pal_tasks_behind_basic_auth(processes: Processes, postgres_
     names = {t.get("name") for t in tasks().values()}
     assert {"pal.execute_node"} <= names
     assert any(run_id in str(t.get("args")) for t in tasks().values())
+
+    # Every message of that run (trigger, 2 tools, output) reaches Flower as sent and succeeded:
+    # its task-sent event (PAL's own publisher) and the worker's batched task events all arrive.
+    def run_tasks() -> list[dict[str, object]]:
+        return [t for t in tasks().values() if run_id in str(t.get("args"))]
+
+    assert wait_until(lambda: len(run_tasks()) == 4 and all(
+        t.get("state") == "SUCCESS" and t.get("sent") for t in run_tasks()), timeout=30), run_tasks()
+    ids = {t.get("uuid") for t in run_tasks()}
+    assert sum(t.get("parent_id") in ids for t in run_tasks()) >= 3  # each node links to its sender
     assert wait_until(lambda: bool((get("/api/workers?refresh=1") or httpx.Response(500)).json()), timeout=60)
     for auth in (None, ("admin", "wrong")):
         refused = get("/api/tasks", auth=auth)

@@ -12,6 +12,7 @@ from celery import Celery
 from pal.config import DEFAULT_VISIBILITY_TIMEOUT_SECONDS, Settings
 from pal.recovery import sweep_schedule
 from pal.runtime import Runtime
+from pal.workers.node_messages import NodePublisher
 
 EXECUTE_NODE = "pal.execute_node"
 START_RUN = "pal.start_run"
@@ -21,6 +22,7 @@ class PalCelery(Celery):  # type: ignore[misc]
     """A Celery app that carries its PAL runtime, so tasks need no module globals."""
 
     runtime: Runtime
+    node_publisher: NodePublisher | None  # the fast path for `pal.execute_node` (Redis only)
 
 
 def broker_transport_options(settings: Settings) -> dict[str, Any]:
@@ -69,6 +71,7 @@ def create_app(settings: Settings) -> PalCelery:
         worker_concurrency=settings.worker_concurrency,
         beat_schedule=sweep_schedule(settings),
         beat_schedule_filename=str(settings.home / "celerybeat-schedule"),
+        worker_consumer="pal.workers.consumer:Consumer",  # task events leave in batches
     )
     if settings.is_embedded_broker:
         from pal.workers.fs_transport import TRANSPORT
@@ -76,18 +79,25 @@ def create_app(settings: Settings) -> PalCelery:
         # The filesystem transport has no broadcast; these worker chats would only add noise.
         app.conf.update(worker_enable_remote_control=False, worker_send_task_events=False,
                         task_send_sent_event=False, broker_transport=TRANSPORT)
-    elif settings.broker_url.startswith("redis://"):
+    node_publisher: NodePublisher | None = None
+    if settings.broker_url.startswith("redis://"):
         from pal.workers.redis_transport import TRANSPORT as REDIS_TRANSPORT
 
         app.conf.update(broker_transport=REDIS_TRANSPORT)
+        node_publisher = NodePublisher(app, EXECUTE_NODE, settings.queue)
+    app.node_publisher = node_publisher
 
     batching = threading.local()  # the producer of this thread's open publish batch, if any
 
     def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0) -> None:
+        producer = getattr(batching, "producer", None)
+        if node_publisher is not None and countdown <= 0 and producer is None:
+            node_publisher.publish([run_id, step_id, generation])
+            return
         # A countdown is held by the consuming worker's timer, not by a blocked process.
         app.send_task(EXECUTE_NODE, args=[run_id, step_id, generation], queue=settings.queue,
                       countdown=countdown if countdown > 0 else None,
-                      producer=getattr(batching, "producer", None))
+                      producer=producer)
 
     @contextmanager
     def publish_batch() -> Iterator[None]:

@@ -1,0 +1,101 @@
+"""Publishes `pal.execute_node` messages without Celery's generic send path.
+
+Every step hands off by publishing one message per successor, so this is the hottest publish PAL
+makes. `Celery.send_task` serves any task on any broker: it looks the task up and merges its
+options, routes it, copies and binds the queue and the event exchange to declare them (cached or
+not), wraps the publish in a retry, and sends the message and its task-sent event as two Redis
+round trips. On the measured machine that is about 0.76 ms of CPU per message, a sixth of all the
+CPU a step costs. This publisher builds the same protocol-2 message with Celery's own
+`amqp.as_task_v2` and the same task-sent event with the app's event dispatcher, declares the queue
+and the exchange once per connection, and sends both through kombu's Redis publish batch: one
+pipeline, one round trip, about 0.31 ms.
+
+It is used only for plain dispatches on PAL's Redis transport. A countdown, a caller's open
+publish batch (the sweep) or any failure of the fast path goes through `send_task`, which retries.
+Sending a message twice after a failed batch (whose delivery is uncertain) is safe: a step's
+message is idempotent, a duplicate claim finds the step already started or done.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from kombu.common import maybe_declare
+from kombu.utils.uuid import uuid
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "application/json"
+CONTENT_ENCODING = "utf-8"
+PERSISTENT = 2  # AMQP delivery mode of a task message, as Celery sets it
+TRANSIENT = 1  # the event exchange's delivery mode
+
+
+class NodePublisher:
+    """Sends `task_name` messages to one queue, each with its task-sent event, in one round trip."""
+
+    def __init__(self, app: Any, task_name: str, queue: str) -> None:
+        self.app = app
+        self.task_name = task_name
+        self.queue_name = queue
+        self.sent_event = bool(app.conf.task_send_sent_event)
+        self.sent = 0  # messages this publisher sent itself (the rest went through send_task)
+
+    def publish(self, args: list[Any]) -> None:
+        """Publish one message; any failure falls back to `send_task` (it retries)."""
+        try:
+            self._publish(args)
+        except Exception as exc:  # the slow path has the retries and raises the errors
+            log.warning("fast publish of %s failed (%r); sending it through send_task",
+                        self.task_name, exc)
+            self.app.send_task(self.task_name, args=args, queue=self.queue_name)
+            return
+        self.sent += 1
+
+    def _publish(self, args: list[Any]) -> None:
+        app, amqp = self.app, self.app.amqp
+        task_id = uuid()
+        root_id = parent_id = None
+        parent = app.current_worker_task
+        if parent is not None:  # as send_task links a message to the task that sent it (Flower)
+            root_id = parent.request.root_id or parent.request.id
+            parent_id = parent.request.id
+        headers, properties, body, sent_event = amqp.as_task_v2(
+            task_id, self.task_name, args=args, kwargs={}, root_id=root_id, parent_id=parent_id,
+            reply_to=app.thread_oid, create_sent_event=self.sent_event,
+            argsrepr=repr(args), kwargsrepr="{}", ignore_result=None)  # as send_task: the task decides
+        properties["delivery_mode"] = PERSISTENT
+        with app.producer_or_acquire() as producer:
+            channel = producer.channel
+            self._declare(amqp.queues[self.queue_name], channel)
+            messages = [(channel.prepare_message(json.dumps(body), 0, CONTENT_TYPE, CONTENT_ENCODING,
+                                                 headers, properties), "", self.queue_name)]
+            if sent_event is not None:
+                dispatcher = amqp._event_dispatcher
+                self._declare(dispatcher.exchange, channel)
+                event = dispatcher._prepare_event("task-sent", dict(
+                    sent_event, queue=self.queue_name, exchange="", routing_key=self.queue_name))
+                messages.append((channel.prepare_message(json.dumps(event), 0, CONTENT_TYPE,
+                                                         CONTENT_ENCODING, dispatcher.headers,
+                                                         {"delivery_mode": TRANSIENT}),
+                                 dispatcher.exchange.name, "task.sent"))
+            if not channel.supports_batch_publish:  # a client that retries would replay a pipeline
+                for message, exchange, routing_key in messages:
+                    channel.basic_publish(message, exchange=exchange, routing_key=routing_key)
+                return
+            batch = channel.create_publish_batch(max_size=len(messages))
+            try:
+                for message, exchange, routing_key in messages:
+                    batch.publish(message, exchange=exchange, routing_key=routing_key)
+                batch.flush()
+            finally:
+                batch.close()
+
+    @staticmethod
+    def _declare(entity: Any, channel: Any) -> None:
+        # kombu's maybe_declare binds a copy of the entity on every call before it looks at its
+        # cache; look first. The cache belongs to the connection, so a new connection declares.
+        if hash(entity) not in channel.connection.client.declared_entities:
+            maybe_declare(entity, channel)  # type: ignore[no-untyped-call]

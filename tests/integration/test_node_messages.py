@@ -1,0 +1,94 @@
+"""PAL's publisher of `pal.execute_node` messages (pal.workers.node_messages) against the real Redis:
+the message and its task-sent event are what `send_task` would have sent, and a lost connection
+does not lose a message."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import redis
+
+from pal.workers.app import EXECUTE_NODE, create_app
+from pal.workers.node_messages import NodePublisher
+from tests.conftest import Backend
+
+# Fields that differ between any two messages: fresh ids, the sender's name, the event's times.
+FRESH = {"id", "root_id", "correlation_id", "delivery_tag", "reply_to", "origin", "uuid", "timestamp",
+         "clock", "utcoffset", "local_received"}
+
+
+def _queued(client: redis.Redis, backend: Backend) -> list[dict[str, Any]]:
+    """The messages waiting in the backend's queue, oldest first, with their bodies decoded."""
+    raw = client.lrange(backend.settings.broker_key_prefix + backend.settings.queue, 0, -1)
+    messages = [json.loads(item) for item in reversed(raw)]
+    for message in messages:
+        assert message["properties"]["body_encoding"] == "base64"
+        message["body"] = json.loads(base64.b64decode(message["body"]))
+    return messages
+
+
+def _without_fresh(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_fresh(v) for k, v in value.items() if k not in FRESH}
+    return value
+
+
+def _sent_events(pubsub: redis.client.PubSub) -> list[dict[str, Any]]:
+    events = []
+    while (item := pubsub.get_message(timeout=2.0)) is not None:
+        if item["type"] != "pmessage":
+            continue
+        payload = json.loads(item["data"])
+        events.append(json.loads(base64.b64decode(payload["body"])))
+    return events
+
+
+def test_a_node_message_is_the_message_send_task_sends(postgres_backend: Backend,
+                                                      redis_client: redis.Redis) -> None:
+    app = create_app(postgres_backend.settings)
+    publisher = app.node_publisher
+    assert isinstance(publisher, NodePublisher)  # a redis:// broker gets the fast path
+    events = redis_client.pubsub()
+    events.psubscribe(postgres_backend.settings.broker_key_prefix + "/*celeryev*")
+    try:
+        assert events.get_message(timeout=2.0) is not None  # the subscription is in place
+        app.runtime.publish("run-1", "step-a", 3)  # the fast path
+        app.send_task(EXECUTE_NODE, args=["run-1", "step-a", 3], queue=postgres_backend.settings.queue)
+        fast, stock = _queued(redis_client, postgres_backend)
+        sent = _sent_events(events)
+    finally:
+        events.close()
+    assert publisher.sent == 1
+    assert fast["body"] == [["run-1", "step-a", 3], {}, {"callbacks": None, "errbacks": None,
+                                                          "chain": None, "chord": None}]
+    assert _without_fresh(fast) == _without_fresh(stock)
+    assert fast["headers"]["id"] == fast["properties"]["correlation_id"] != stock["headers"]["id"]
+    # Each message has its task-sent event, and Flower reads the same fields from both.
+    assert [e["uuid"] for e in sent] == [fast["headers"]["id"], stock["headers"]["id"]]
+    assert [e["type"] for e in sent] == ["task-sent", "task-sent"]
+    assert _without_fresh(sent[0]) == _without_fresh(sent[1])
+    assert sent[0]["queue"] == postgres_backend.settings.queue
+    assert sent[0]["name"] == EXECUTE_NODE
+
+
+def test_a_node_message_survives_a_dropped_broker_connection(postgres_backend: Backend,
+                                                           redis_client: redis.Redis) -> None:
+    app = create_app(postgres_backend.settings)
+    app.runtime.publish("run-1", "s1", 1)
+    with app.producer_or_acquire() as producer:
+        pool = producer.channel.pool
+        ports = {c._sock.getsockname()[1] for c in pool._available_connections if c._sock}
+    assert ports, "the publish left a pooled connection"
+    killed = 0
+    for client in redis_client.client_list():  # as a Redis restart would, behind the pool's back
+        if int(client["addr"].rsplit(":", 1)[1]) in ports:
+            killed += redis_client.client_kill_filter(_id=int(client["id"]))
+    assert killed == len(ports)
+    app.runtime.publish("run-1", "s2", 1)
+    app.runtime.publish("run-1", "s3", 1)
+    steps = [m["body"][0][1] for m in _queued(redis_client, postgres_backend)]
+    assert steps[0] == "s1"
+    assert set(steps[1:]) == {"s2", "s3"}  # each at least once: a retried publish may repeat one
+    assert app.node_publisher is not None and app.node_publisher.sent >= 2  # s1 and s3 at least
