@@ -8,6 +8,7 @@ import base64
 import json
 from typing import Any
 
+import pytest
 import redis
 
 from pal.workers.app import EXECUTE_NODE, create_app
@@ -92,3 +93,35 @@ def test_a_node_message_survives_a_dropped_broker_connection(postgres_backend: B
     assert steps[0] == "s1"
     assert set(steps[1:]) == {"s2", "s3"}  # each at least once: a retried publish may repeat one
     assert app.node_publisher is not None and app.node_publisher.sent >= 2  # s1 and s3 at least
+
+
+def test_a_batch_holds_its_messages_until_it_ends_and_sends_them_with_their_events(
+        postgres_backend: Backend, redis_client: redis.Redis) -> None:
+    app = create_app(postgres_backend.settings)
+    events = redis_client.pubsub()
+    events.psubscribe(postgres_backend.settings.broker_key_prefix + "/*celeryev*")
+    try:
+        assert events.get_message(timeout=2.0) is not None  # the subscription is in place
+        with app.runtime.publish_batch():
+            for step in ("a", "b", "c"):
+                app.runtime.publish("run-1", step, 2)
+            with app.runtime.publish_batch():  # an inner batch joins the outer one
+                app.runtime.publish("run-1", "d", 2)
+            assert _queued(redis_client, postgres_backend) == []  # nothing left before the end
+        queued = _queued(redis_client, postgres_backend)
+        sent = _sent_events(events)
+    finally:
+        events.close()
+    assert [m["body"][0] for m in queued] == [["run-1", step, 2] for step in "abcd"]
+    assert [e["uuid"] for e in sent] == [m["headers"]["id"] for m in queued]
+    assert app.node_publisher is not None and app.node_publisher.sent == 4
+
+
+def test_a_batch_that_raises_sends_nothing(postgres_backend: Backend, redis_client: redis.Redis) -> None:
+    app = create_app(postgres_backend.settings)
+    with pytest.raises(LookupError), app.runtime.publish_batch():
+        app.runtime.publish("run-1", "a", 2)
+        raise LookupError("the pass died before its end")
+    assert _queued(redis_client, postgres_backend) == []
+    app.runtime.publish("run-1", "b", 2)  # the thread is out of the batch: this one goes at once
+    assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["b"]

@@ -90,19 +90,22 @@ def create_app(settings: Settings) -> PalCelery:
     batching = threading.local()  # the producer of this thread's open publish batch, if any
 
     def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0) -> None:
-        producer = getattr(batching, "producer", None)
-        if node_publisher is not None and countdown <= 0 and producer is None:
-            node_publisher.publish([run_id, step_id, generation])
+        if node_publisher is not None and countdown <= 0:
+            node_publisher.publish([run_id, step_id, generation])  # held if a batch is open
             return
         # A countdown is held by the consuming worker's timer, not by a blocked process.
         app.send_task(EXECUTE_NODE, args=[run_id, step_id, generation], queue=settings.queue,
                       countdown=countdown if countdown > 0 else None,
-                      producer=producer)
+                      producer=getattr(batching, "producer", None))
 
     @contextmanager
     def publish_batch() -> Iterator[None]:
-        # kombu buffers the batch's messages (and their task-sent events) and sends them in one
-        # Redis pipeline at the end; a transport without batches publishes at once.
+        # The batch's messages (and their task-sent events) go out in one Redis pipeline at its
+        # end; a transport without batches publishes at once.
+        if node_publisher is not None:
+            with node_publisher.batch():
+                yield
+            return
         if getattr(batching, "producer", None) is not None:  # already batching: join it
             yield
             return

@@ -10,8 +10,9 @@ CPU a step costs. This publisher builds the same protocol-2 message with Celery'
 and the exchange once per connection, and sends both through kombu's Redis publish batch: one
 pipeline, one round trip, about 0.31 ms.
 
-It is used only for plain dispatches on PAL's Redis transport. A countdown, a caller's open
-publish batch (the sweep) or any failure of the fast path goes through `send_task`, which retries.
+It is used only for plain dispatches on PAL's Redis transport. A batch (the sweep's re-drives)
+holds its messages and sends them all in one pipeline when it ends. A countdown, or any failure of
+the fast path, goes through `send_task`, which retries.
 Sending a message twice after a failed batch (whose delivery is uncertain) is safe: a step's
 message is idempotent, a duplicate claim finds the step already started or done.
 """
@@ -20,6 +21,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from kombu.common import maybe_declare
@@ -42,19 +46,64 @@ class NodePublisher:
         self.queue_name = queue
         self.sent_event = bool(app.conf.task_send_sent_event)
         self.sent = 0  # messages this publisher sent itself (the rest went through send_task)
+        self._held = threading.local()  # args: the messages of this thread's open batch, if any
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Hold this thread's publishes until the block ends, then send them in one round trip.
+
+        A block that raises sends nothing (its callers publish only what they committed, and
+        recover what they did not). A block inside an open one joins it.
+        """
+        if getattr(self._held, "args", None) is not None:
+            yield
+            return
+        held: list[list[Any]] = []
+        self._held.args = held
+        try:
+            yield
+        finally:
+            self._held.args = None
+        if held:
+            self._send_or_fall_back(held)
 
     def publish(self, args: list[Any]) -> None:
-        """Publish one message; any failure falls back to `send_task` (it retries)."""
-        try:
-            self._publish(args)
-        except Exception as exc:  # the slow path has the retries and raises the errors
-            log.warning("fast publish of %s failed (%r); sending it through send_task",
-                        self.task_name, exc)
-            self.app.send_task(self.task_name, args=args, queue=self.queue_name)
+        """Publish one message, or hold it for the thread's open batch."""
+        held = getattr(self._held, "args", None)
+        if held is not None:
+            held.append(args)
             return
-        self.sent += 1
+        self._send_or_fall_back([args])
 
-    def _publish(self, args: list[Any]) -> None:
+    def _send_or_fall_back(self, messages_args: list[list[Any]]) -> None:
+        try:
+            self._send(messages_args)
+        except Exception as exc:  # the slow path has the retries and raises the errors
+            log.warning("fast publish of %d %s message(s) failed (%r); sending through send_task",
+                        len(messages_args), self.task_name, exc)
+            for args in messages_args:
+                self.app.send_task(self.task_name, args=args, queue=self.queue_name)
+            return
+        self.sent += len(messages_args)
+
+    def _send(self, messages_args: list[list[Any]]) -> None:
+        with self.app.producer_or_acquire() as producer:
+            channel = producer.channel
+            messages = [message for args in messages_args for message in self._messages(args, channel)]
+            if not channel.supports_batch_publish:  # a client that retries would replay a pipeline
+                for message, exchange, routing_key in messages:
+                    channel.basic_publish(message, exchange=exchange, routing_key=routing_key)
+                return
+            batch = channel.create_publish_batch(max_size=len(messages))
+            try:
+                for message, exchange, routing_key in messages:
+                    batch.publish(message, exchange=exchange, routing_key=routing_key)
+                batch.flush()
+            finally:
+                batch.close()
+
+    def _messages(self, args: list[Any], channel: Any) -> list[tuple[Any, str, str]]:
+        """The task message for `args` and its task-sent event, each with exchange and routing key."""
         app, amqp = self.app, self.app.amqp
         task_id = uuid()
         root_id = parent_id = None
@@ -67,31 +116,19 @@ class NodePublisher:
             reply_to=app.thread_oid, create_sent_event=self.sent_event,
             argsrepr=repr(args), kwargsrepr="{}", ignore_result=None)  # as send_task: the task decides
         properties["delivery_mode"] = PERSISTENT
-        with app.producer_or_acquire() as producer:
-            channel = producer.channel
-            self._declare(amqp.queues[self.queue_name], channel)
-            messages = [(channel.prepare_message(json.dumps(body), 0, CONTENT_TYPE, CONTENT_ENCODING,
-                                                 headers, properties), "", self.queue_name)]
-            if sent_event is not None:
-                dispatcher = amqp._event_dispatcher
-                self._declare(dispatcher.exchange, channel)
-                event = dispatcher._prepare_event("task-sent", dict(
-                    sent_event, queue=self.queue_name, exchange="", routing_key=self.queue_name))
-                messages.append((channel.prepare_message(json.dumps(event), 0, CONTENT_TYPE,
-                                                         CONTENT_ENCODING, dispatcher.headers,
-                                                         {"delivery_mode": TRANSIENT}),
-                                 dispatcher.exchange.name, "task.sent"))
-            if not channel.supports_batch_publish:  # a client that retries would replay a pipeline
-                for message, exchange, routing_key in messages:
-                    channel.basic_publish(message, exchange=exchange, routing_key=routing_key)
-                return
-            batch = channel.create_publish_batch(max_size=len(messages))
-            try:
-                for message, exchange, routing_key in messages:
-                    batch.publish(message, exchange=exchange, routing_key=routing_key)
-                batch.flush()
-            finally:
-                batch.close()
+        self._declare(amqp.queues[self.queue_name], channel)
+        messages = [(channel.prepare_message(json.dumps(body), 0, CONTENT_TYPE, CONTENT_ENCODING,
+                                             headers, properties), "", self.queue_name)]
+        if sent_event is not None:
+            dispatcher = amqp._event_dispatcher
+            self._declare(dispatcher.exchange, channel)
+            event = dispatcher._prepare_event("task-sent", dict(
+                sent_event, queue=self.queue_name, exchange="", routing_key=self.queue_name))
+            messages.append((channel.prepare_message(json.dumps(event), 0, CONTENT_TYPE,
+                                                     CONTENT_ENCODING, dispatcher.headers,
+                                                     {"delivery_mode": TRANSIENT}),
+                             dispatcher.exchange.name, "task.sent"))
+        return messages
 
     @staticmethod
     def _declare(entity: Any, channel: Any) -> None:
