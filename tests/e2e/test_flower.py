@@ -41,16 +41,19 @@ def test_flower_sees_pal_tasks_behind_basic_auth(processes: Processes, postgres_
 
     # Task events are fire-and-forget (Redis pub/sub): Flower sees those sent after its event
     # receiver has subscribed, a moment after its web server answers. Run until it has seen one.
+    def finished_run() -> str:
+        run_id = client.start_run(linear(tmp_path / "c.log", 2), {})
+        assert client.wait(run_id, timeout=60).status == "succeeded"
+        return run_id
+
     def seen() -> bool:
-        first = client.start_run(linear(tmp_path / "c.log", 2), {})
-        assert client.wait(first, timeout=60).status == "succeeded"
+        finished_run()
         return wait_until(lambda: any(t.get("name") == "pal.execute_node" for t in tasks().values()), 2)
 
     assert wait_until(seen, timeout=60)
-    # The run Flower first saw may have begun before its receiver subscribed, missing its first
-    # events (CI hit this under load): follow a run started after Flower is known to listen.
-    run_id = client.start_run(linear(tmp_path / "c.log", 2), {})
-    assert client.wait(run_id, timeout=60).status == "succeeded"
+    # The run Flower first saw may have begun before its receiver subscribed and so miss its first
+    # events (the likely cause of a CI failure under load): follow a run started after Flower listens.
+    run_id = finished_run()
     names = {t.get("name") for t in tasks().values()}
     assert {"pal.execute_node"} <= names
 
