@@ -92,13 +92,19 @@ class Backend:
             PAL_HOME=str(s.home), PAL_DATABASE_URL=s.database_url, PAL_BROKER_URL=s.broker_url,
             PAL_QUEUE=s.queue, PAL_BROKER_KEY_PREFIX=s.broker_key_prefix,
             PAL_LEASE_TTL=str(s.lease_ttl), PAL_TOOL_MODULES="tests.support.tools",
-            PYTHONPATH=str(REPO),
+            PAL_EGRESS_ALLOW=",".join(s.egress_allow), PYTHONPATH=str(REPO),
         )
         return env
 
 
+# The stand-in receivers listen on 127.0.0.1 (tests/support/servers.py), which the egress guard
+# refuses unless the operator allows it (docs/side-effects.md): test settings allow it, as a
+# deployment with an internal receiver would. tests/integration/test_egress.py clears it.
+TEST_EGRESS_ALLOW = "127.0.0.1"
+
+
 def _settings(tmp_path: Path, **env: str) -> Settings:
-    return load_settings({"PAL_HOME": str(tmp_path / ".pal"), **env})
+    return load_settings({"PAL_HOME": str(tmp_path / ".pal"), "PAL_EGRESS_ALLOW": TEST_EGRESS_ALLOW, **env})
 
 
 @pytest.fixture

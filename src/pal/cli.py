@@ -79,6 +79,24 @@ def db_upgrade() -> None:
         _fail(f"migration failed: {exc}", EXIT_STORAGE)
 
 
+@db_app.command("grant")
+def db_grant(
+    role: Annotated[str, typer.Argument(help="An existing Postgres role that owns nothing.")],
+) -> None:
+    """Grant ROLE the least privilege PAL's worker, beat and API need (run as the schema's owner)."""
+    from pal.database import shared_engine
+    from pal.schema.grants import grant_app_role
+
+    try:
+        statements = grant_app_role(shared_engine(_settings().database_url), role)
+    except PalError as exc:
+        _fail(str(exc), _exit_code(exc))
+    except Exception as exc:  # the driver's own errors: show them plainly
+        _fail(f"grant failed: {exc}", EXIT_STORAGE)
+    for statement in statements:
+        typer.echo(statement)
+
+
 # PAL never revokes a Celery task (a cancel goes through the journal) and needs no worker elections,
 # so mingle (a second's wait at start for the neighbours' revoked ids) and gossip (each worker
 # consuming every other's events) buy nothing. Heartbeats stay: Flower shows a worker by them.
@@ -436,7 +454,11 @@ def flower(
     if celery_app.runtime.settings.is_embedded_broker:
         _fail("Flower needs a broker with events, e.g. PAL_BROKER_URL=redis://127.0.0.1:6379/0",
               EXIT_BAD_INPUT)
-    celery_app.start(["flower", f"--basic-auth={auth}", f"--port={port}", f"--address={address}"])
+    from pal.api.flower import start_flower
+
+    # Not celery_app.start(["flower", ...]) alone: stock Flower leaves /metrics and /healthcheck
+    # open behind --basic-auth; start_flower guards every route (docs/api.md, "Flower").
+    start_flower(celery_app, auth, [f"--port={port}", f"--address={address}"])
 
 
 @app.command()

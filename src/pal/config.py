@@ -35,6 +35,13 @@ DEFAULT_DELIVERY_TIMEOUT_SECONDS = 30.0
 DEFAULT_SMTP_URL = "smtp://127.0.0.1:25"
 DEFAULT_SMTP_FROM = "pal@localhost"
 DEFAULT_MAX_TURNS = 10
+# What one run may create (docs/security.md): a small graph of nested loops and subagents could
+# otherwise ask for about 10^12 steps.
+DEFAULT_MAX_STEPS_PER_RUN = 10_000  # steps completed in one run before its next step fails it
+DEFAULT_MAX_CHILD_RUNS = 100  # child runs (at any depth) under one top-level run
+DEFAULT_MAX_RUN_DEPTH = 4  # subagent nesting: a top-level run is depth 0
+DEFAULT_MAX_RUNS_IN_FLIGHT = 1_000  # top-level runs queued or running per tenant
+DEFAULT_STEP_TIMEOUT_SECONDS = 300.0  # a step's time limit when its node sets no timeoutMs
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,13 @@ class Settings:
     smtp_url: str
     smtp_from: str
     delivery_timeout: float
+    egress_allow: tuple[str, ...] = ()  # PAL_EGRESS_ALLOW entries, normalized (pal.egress)
+    max_steps_per_run: int = DEFAULT_MAX_STEPS_PER_RUN
+    max_child_runs: int = DEFAULT_MAX_CHILD_RUNS
+    max_run_depth: int = DEFAULT_MAX_RUN_DEPTH
+    max_runs_in_flight: int = DEFAULT_MAX_RUNS_IN_FLIGHT
+    step_timeout: float = DEFAULT_STEP_TIMEOUT_SECONDS
+    secrets_file: str = ""  # PAL_SECRETS_FILE; pal.secrets reads the variable itself, at render time
 
     @property
     def is_embedded_broker(self) -> bool:
@@ -154,6 +168,18 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     PAL_SMTP_URL             SMTP server of email nodes, smtp://host:port (default smtp://127.0.0.1:25)
     PAL_SMTP_FROM            sender of email nodes that name none (default pal@localhost)
     PAL_DELIVERY_TIMEOUT     one webhook or SMTP delivery's time limit (default 30s)
+    PAL_MAX_STEPS_PER_RUN    steps one run may complete; the next one fails the run (default 10,000)
+    PAL_MAX_CHILD_RUNS       child runs under one top-level run, at any depth (default 100)
+    PAL_MAX_RUN_DEPTH        deepest subagent nesting; a top-level run is depth 0 (default 4)
+    PAL_MAX_RUNS_IN_FLIGHT   top-level runs one tenant may have queued or running (default 1,000)
+    PAL_STEP_TIMEOUT         a step's time limit when its node sets no timeoutMs (default 5m)
+    PAL_EGRESS_ALLOW         non-public targets connector nodes may reach, comma-separated: host
+                             names, IPs, CIDRs, each optionally :port, e.g. 127.0.0.1:8080,10.0.0.0/8
+                             (default none: only public addresses; see pal.egress)
+    PAL_SECRETS_FILE         JSON object of graph secrets, {"NAME": "value"}, read by the worker
+                             whenever a template renders {{ secrets.NAME }} (default none; pal.secrets)
+    PAL_SECRET_<NAME>        the value of graph secret NAME, winning over the file; NAME matches
+                             [A-Z][A-Z0-9_]*, a value has at least 8 characters (pal.secrets)
 
     API keys are read by the providers from OPENAI_API_KEY and ANTHROPIC_API_KEY, the SDKs' own
     names; they are never part of the settings, so they cannot reach the journal or a log line.
@@ -192,7 +218,21 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         smtp_url=_smtp_url(env.get("PAL_SMTP_URL", "").strip() or DEFAULT_SMTP_URL),
         smtp_from=env.get("PAL_SMTP_FROM", "").strip() or DEFAULT_SMTP_FROM,
         delivery_timeout=_positive_float(env, "PAL_DELIVERY_TIMEOUT", DEFAULT_DELIVERY_TIMEOUT_SECONDS),
+        egress_allow=_egress_allow(env.get("PAL_EGRESS_ALLOW", "")),
+        max_steps_per_run=_int(env, "PAL_MAX_STEPS_PER_RUN", DEFAULT_MAX_STEPS_PER_RUN),
+        max_child_runs=_int(env, "PAL_MAX_CHILD_RUNS", DEFAULT_MAX_CHILD_RUNS),
+        max_run_depth=_int(env, "PAL_MAX_RUN_DEPTH", DEFAULT_MAX_RUN_DEPTH),
+        max_runs_in_flight=_int(env, "PAL_MAX_RUNS_IN_FLIGHT", DEFAULT_MAX_RUNS_IN_FLIGHT),
+        step_timeout=_positive_float(env, "PAL_STEP_TIMEOUT", DEFAULT_STEP_TIMEOUT_SECONDS),
+        secrets_file=env.get("PAL_SECRETS_FILE", "").strip(),
     )
+
+
+def _egress_allow(raw: str) -> tuple[str, ...]:
+    """PAL_EGRESS_ALLOW checked at startup (ConfigError naming a bad entry), kept normalized."""
+    from pal.egress import parse_allow_list
+
+    return tuple(entry.text for entry in parse_allow_list(raw))
 
 
 def _smtp_url(raw: str) -> str:

@@ -28,10 +28,12 @@ def create_engine(url: str) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = sa.create_engine(parsed, connect_args={"timeout": 60})
+        # hide_parameters: a database error's text never carries a statement's values (a run's graph
+        # or input may hold credentials: docs/security.md).
+        engine = sa.create_engine(parsed, connect_args={"timeout": 60}, hide_parameters=True)
         _configure_sqlite(engine)
         return engine
-    engine = sa.create_engine(parsed, pool_size=5, max_overflow=5)
+    engine = sa.create_engine(parsed, pool_size=5, max_overflow=5, hide_parameters=True)
     _ping_idle_connections(engine)
     return engine
 

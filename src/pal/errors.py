@@ -58,6 +58,14 @@ class Refused(PalError):
     """The request is refused in the run's current state; nothing was changed."""
 
 
+class RunIdTaken(Refused):
+    """The run id is not available: choose another, or omit it for a generated one."""
+
+
+class QuotaExceeded(Refused):
+    """The tenant has as many runs in flight as PAL_MAX_RUNS_IN_FLIGHT allows; try again later."""
+
+
 class LeaseBusy(PalError):
     """A step is running under the run's live lease; it cannot be taken over now."""
 
@@ -72,6 +80,21 @@ class StepError(PalError):
 
     code = "step_failed"
     error_class = "tool"
+
+
+class WorkLimitExceeded(StepError):
+    """The run reached a limit on the work it may create (PAL_MAX_STEPS_PER_RUN,
+    PAL_MAX_CHILD_RUNS, PAL_MAX_RUN_DEPTH); never retried."""
+
+    code = "work_limit_exceeded"
+    error_class = "limit"  # outside the retry classes: no retry policy matches it
+
+
+class StepTimeout(StepError):
+    """The step ran past its time limit (its node's timeoutMs, or PAL_STEP_TIMEOUT) and was stopped."""
+
+    code = "step_timeout"
+    error_class = "timeout"
 
 
 class OutputTooLarge(StepError):

@@ -23,6 +23,7 @@ from jinja2 import nodes as jnodes
 
 from pal import templates
 from pal.errors import GraphError
+from pal.limits import load_yaml
 from pal.nodes import KINDS, NodeKind, get_kind
 
 NODE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}\Z")
@@ -117,7 +118,7 @@ def load_graph_text(text: str, *, max_bytes: int | None = None) -> Any:
     except RecursionError as exc:  # nested brackets, far past any real graph (PAL_MAX_JSON_DEPTH)
         raise GraphError(["graph document nests too deeply to decode"]) from exc
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)  # no anchors or aliases: they expand past the byte limit (pal.limits)
     except yaml.YAMLError as exc:
         raise GraphError([f"graph is neither JSON nor YAML: {exc}"]) from exc
     except RecursionError as exc:
@@ -420,18 +421,18 @@ def _check_references(
 def _referenced_nodes(text: str) -> set[str]:
     if not templates.has_template(text):
         return set()
+    found: set[str] = set()
     try:
         ast = jinja2.Environment().parse(text)
-    except jinja2.TemplateSyntaxError:
-        return set()  # already reported as a syntax error
-    found: set[str] = set()
-    for getattr_node in ast.find_all(jnodes.Getattr):
-        inner = getattr_node.node
-        if isinstance(inner, jnodes.Name) and inner.name == "nodes":
-            found.add(getattr_node.attr)
-    for getitem in ast.find_all(jnodes.Getitem):
-        inner = getitem.node
-        if (isinstance(inner, jnodes.Name) and inner.name == "nodes"
-                and isinstance(getitem.arg, jnodes.Const) and isinstance(getitem.arg.value, str)):
-            found.add(getitem.arg.value)
+        for getattr_node in ast.find_all(jnodes.Getattr):
+            inner = getattr_node.node
+            if isinstance(inner, jnodes.Name) and inner.name == "nodes":
+                found.add(getattr_node.attr)
+        for getitem in ast.find_all(jnodes.Getitem):
+            inner = getitem.node
+            if (isinstance(inner, jnodes.Name) and inner.name == "nodes"
+                    and isinstance(getitem.arg, jnodes.Const) and isinstance(getitem.arg.value, str)):
+                found.add(getitem.arg.value)
+    except (jinja2.TemplateSyntaxError, RecursionError):
+        return set()  # already reported by templates.check: a syntax error, or nested too deeply
     return found

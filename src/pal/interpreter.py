@@ -157,6 +157,12 @@ class Program(Protocol):
 
     def redrive_steps(self, completed: Mapping[str, Any]) -> tuple[str, ...]: ...
 
+    def is_ready(self, completed: Mapping[str, Any], step_id: str) -> bool:
+        """Whether `step_id` is on the run's ready frontier: a step of the plan, not completed, whose
+        predecessors are resolved (an approval before it decided, a loop's earlier iterations done).
+        The claim refuses a message for any other step (docs/security.md)."""
+        ...
+
     def view(self, step_id: str, completed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
         """(outputs, loop): what the step's templates see as `nodes` and as `loop`."""
         ...
@@ -276,6 +282,23 @@ class GraphProgram:
 
     def redrive_steps(self, completed: Mapping[str, Any]) -> tuple[str, ...]:
         return self.frontier(completed)
+
+    def is_ready(self, completed: Mapping[str, Any], step_id: str) -> bool:
+        """See Program.is_ready. A graph node is classified looking upstream only as far as its
+        predecessors need (usually one edge); a loop's steps must also be the loop's next ones."""
+        if step_id in completed:
+            return False
+        try:
+            node_id = step_id if step_id in self.graph.nodes else self._locate(step_id)[0]
+        except KeyError:
+            return False
+        try:
+            state = node_state(self.graph, node_id, completed, {})
+        except WalkTooFar:
+            state = NodeState.READY if node_id in progress(self.graph, completed).ready else NodeState.PENDING
+        if state is not NodeState.READY:
+            return False
+        return self.graph.nodes[node_id].type != "loop" or step_id in self._loop_frontier(node_id, completed)
 
     def view(self, step_id: str, completed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
         outer = OnlyKeys(completed, self.graph.nodes)

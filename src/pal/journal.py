@@ -15,6 +15,7 @@ same fence; otherwise the transaction below decides.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -31,16 +32,28 @@ from sqlalchemy.engine import Engine
 
 from pal import faults, retry
 from pal.autocommit import AutocommitCalls, FunctionCall, calls_for
-from pal.errors import LeaseBusy, LeaseLost, Refused, RunNotFound, journal_error
+from pal.errors import (
+    LeaseBusy,
+    LeaseLost,
+    QuotaExceeded,
+    Refused,
+    RunIdTaken,
+    RunNotFound,
+    StorageError,
+    journal_error,
+)
 from pal.interpreter import Handoff
 from pal.lru import Lru
 from pal.mapping_views import WithOne
 from pal.nodes.base import Receipt, Usage
+from pal.plans import program_of
 from pal.schema import (
+    FENCE_KEY,
     IN_FLIGHT_STATUSES,
     TERMINAL_STATUSES,
     api_tokens,
     journal_events,
+    pal_keys,
     run_locks,
     runs,
     side_effect_receipts,
@@ -193,6 +206,7 @@ class ClaimOutcome(Enum):
     TERMINAL = "terminal"  # the run is over
     BACKOFF = "backoff"  # the step is between retry attempts; its next attempt is not due yet
     WAITING = "waiting"  # the step is parked (approval, subagent); a message cannot resume it
+    NOT_READY = "not_ready"  # not on the run's ready frontier (unknown, not reachable yet): refused
 
 
 @dataclass(frozen=True)
@@ -202,6 +216,14 @@ class Claim:
     attempt: int = 0
     completed: Mapping[str, Any] | None = None
     wait_s: float = 0.0  # BACKOFF: seconds until the next attempt is due
+
+
+Ready = Callable[[RunRecord, Mapping[str, Any]], bool]
+"""ready(run, completed): whether the claimed step is on the run's ready frontier."""
+
+
+class _NotReady(Exception):
+    """Control flow: the claimed step is not ready; roll the claim's transaction back."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +256,7 @@ class Journal:
         self._graphs: Lru[tuple[str, str], Any] = Lru(GRAPH_CACHE_SIZE)
         self._logs: Lru[str, StepLog] = Lru(OUTPUT_CACHE_RUNS)
         self._claimed_runs: Lru[str, RunRecord] = Lru(OUTPUT_CACHE_RUNS)
+        self._fence_key: bytes | None = None
         self._insert: Callable[..., Any] = (
             postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         )
@@ -278,10 +301,12 @@ class Journal:
         lease_ttl: float,
         parent_run_id: str | None = None,
         parent_step_id: str | None = None,
+        max_in_flight: int | None = None,
     ) -> tuple[RunRecord, bool]:
         """Insert a queued run, its `run_queued` event and its first lease (generation 1).
 
-        Idempotent on `run_id`: a second call returns the existing run and `False`.
+        Idempotent on `run_id`: a second call by the same tenant (and, for a child run, the same
+        parent step) returns the existing run and `False`; any other caller gets RunIdTaken.
         """
         with self._tx() as conn:
             if parent_run_id is not None:
@@ -292,6 +317,13 @@ class Journal:
                 parent = self._run(conn, parent_run_id)
                 if parent.terminal:
                     raise Refused(f"run {parent_run_id} is {parent.status}; it starts no child runs")
+            elif max_in_flight is not None and not self._exists(conn, run_id):
+                in_flight = conn.execute(sa.select(sa.func.count()).select_from(runs).where(
+                    runs.c.tenant_id == tenant_id, runs.c.status.in_(IN_FLIGHT_STATUSES),
+                    runs.c.parent_run_id.is_(None))).scalar_one()
+                if in_flight >= max_in_flight:
+                    raise QuotaExceeded(f"tenant {tenant_id!r} has {in_flight} runs queued or running, the "
+                                        f"most PAL_MAX_RUNS_IN_FLIGHT allows ({max_in_flight}); try later")
             inserted = conn.execute(
                 self._insert(runs)
                 .values(
@@ -303,7 +335,17 @@ class Journal:
                 .on_conflict_do_nothing()
                 .returning(runs.c.id)
             ).first()
-            if inserted is not None:
+            if inserted is None:
+                # The id exists. It is this caller's run again only if tenant and parent agree,
+                # decided here, after the insert, in its transaction: a check made before it would
+                # race a concurrent insert by someone else (docs/security.md). The refusal names
+                # nothing of the run that holds the id.
+                owner = conn.execute(sa.select(runs.c.tenant_id, runs.c.parent_run_id, runs.c.parent_step_id)
+                                     .where(runs.c.id == run_id)).one()
+                if tuple(owner) != (tenant_id, parent_run_id, parent_step_id):
+                    raise RunIdTaken(f"run id {run_id!r} is not available; choose another, or omit it "
+                                     "for a generated one")
+            else:
                 queued: dict[str, Any] = {"graph_hash": graph_hash}
                 if parent_run_id is not None:
                     queued |= {"parent_run_id": parent_run_id, "parent_step_id": parent_step_id}
@@ -319,14 +361,24 @@ class Journal:
 
     def claim_step(
         self, *, run_id: str, step_id: str, generation: int, worker_id: str,
-        now: datetime, lease_ttl: float,
+        now: datetime, lease_ttl: float, ready: Ready | None = None,
     ) -> Claim:
-        """Step protocol, phase 1: fence on the lease and append `step_started`."""
+        """Step protocol, phase 1: fence on the lease and append `step_started`.
+
+        A step that is not on the run's ready frontier (`ready`) is refused with nothing written:
+        a message is a doorbell, it cannot start a step the journal has not made ready."""
         if self.calls is not None:
             claim = self._claim_in_one_call(self.calls, run_id, step_id, generation, worker_id, now,
-                                            lease_ttl)
+                                            lease_ttl, ready)
             if claim is not None:
                 return claim
+        try:
+            return self._claim_in_transaction(run_id, step_id, generation, worker_id, now, lease_ttl, ready)
+        except _NotReady:
+            return Claim(ClaimOutcome.NOT_READY)
+
+    def _claim_in_transaction(self, run_id: str, step_id: str, generation: int, worker_id: str,
+                              now: datetime, lease_ttl: float, ready: Ready | None) -> Claim:
         with self._tx() as conn:
             log = self._fence_and_read(conn, run_id, generation, worker_id, now, lease_ttl)
             if log is None:
@@ -342,6 +394,8 @@ class Journal:
                 return Claim(ClaimOutcome.COMPLETED, run)
             if step_id in log.waited:
                 return Claim(ClaimOutcome.WAITING, run)  # parked: only a decision or its child resumes it
+            if ready is not None and not ready(run, log.outputs):
+                raise _NotReady(step_id)  # rolls the fence back: nothing is written
             # The attempt comes from the journal: a crash mid-attempt resumes the same attempt.
             attempt = log.next_attempt(step_id)
             due = log.backoff_due(step_id)
@@ -362,7 +416,8 @@ class Journal:
         return Claim(ClaimOutcome.RUN, run, attempt, log.outputs)
 
     def _claim_in_one_call(self, calls: AutocommitCalls, run_id: str, step_id: str, generation: int,
-                           worker_id: str, now: datetime, lease_ttl: float) -> Claim | None:
+                           worker_id: str, now: datetime, lease_ttl: float,
+                           ready: Ready | None) -> Claim | None:
         """Postgres: the usual claim as one autocommit call of `pal_claim_step` (migration 0006).
 
         The attempt is predicted from this process's step log; the function starts it only if no
@@ -373,6 +428,8 @@ class Journal:
         run, known = self._claimed_runs.get(run_id), self._known_log(run_id)
         if run is None or step_id in known.outputs or step_id in known.waited:
             return None
+        if ready is not None and not ready(run, known.outputs):
+            return None  # maybe only this process's log is behind: the transaction decides
         due = known.backoff_due(step_id)
         if due is not None and due > now:
             return None
@@ -587,6 +644,34 @@ class Journal:
         children = [w["payload"]["child_run_id"] for w in waiting if w["payload"].get("child_run_id")]
         return bool(children) and bool(conn.execute(sa.select(sa.func.count()).select_from(runs).where(
             runs.c.id.in_(children), runs.c.status.in_(TERMINAL_STATUSES))).scalar())
+
+    def run_exists(self, run_id: str) -> bool:
+        with self._tx() as conn:
+            return self._exists(conn, run_id)
+
+    @staticmethod
+    def _exists(conn: sa.Connection, run_id: str) -> bool:
+        return conn.execute(sa.select(runs.c.id).where(runs.c.id == run_id)).first() is not None
+
+    def ancestors(self, run_id: str) -> list[str]:
+        """The run's parent, its parent's parent, ... up to the top-level run (last)."""
+        found: list[str] = []
+        with self._tx() as conn:
+            parent = conn.execute(sa.select(runs.c.parent_run_id).where(runs.c.id == run_id)).scalar()
+            while parent is not None and parent not in found:
+                found.append(parent)
+                parent = conn.execute(sa.select(runs.c.parent_run_id).where(runs.c.id == parent)).scalar()
+        return found
+
+    def descendant_count(self, run_id: str) -> int:
+        """How many runs descend from `run_id` (children, theirs, ...)."""
+        count, level = 0, [run_id]
+        with self._tx() as conn:
+            while level:
+                below = sa.select(runs.c.id).where(runs.c.parent_run_id.in_(level))
+                level = list(conn.execute(below).scalars())
+                count += len(level)
+        return count
 
     def children(self, run_id: str) -> list[RunRecord]:
         with self._tx() as conn:
@@ -904,7 +989,8 @@ class Journal:
     def violations(self) -> list[Violation]:
         """Every breach of the journal's invariants (`pal doctor`); empty when the journal is clean."""
         checks = (self._twice, self._terminal_leases, self._status_vs_journal, self._unstarted,
-                  self._started_again, self._orphan_receipts, self._totals, self._seq_order)
+                  self._started_again, self._orphan_receipts, self._totals, self._seq_order,
+                  self._out_of_order)
         with self._tx() as conn:
             return [v for check in checks for v in check(conn)]
 
@@ -998,7 +1084,50 @@ class Journal:
             last[r.run_id] = r.seq
         return found
 
+    def _out_of_order(self, conn: sa.Connection) -> list[Violation]:
+        """A step completed that was not on the ready frontier when it completed: replaying each
+        run's completions in seq order, every one must be ready given those before it. This is
+        what a forged message that started a step would leave, e.g. a step after an approval
+        completed while the approval was undecided."""
+        je, found = journal_events, []
+        rows = conn.execute(sa.select(je.c.run_id, je.c.step_id, je.c.kind, je.c.payload)
+                            .where(je.c.kind.in_(("step_completed", "step_waiting")))
+                            .order_by(je.c.run_id, je.c.seq)).all()
+        plans: dict[tuple[str, str], Any] = {}
+        for run_id, events in itertools.groupby(rows, key=lambda r: r.run_id):
+            run = self._run(conn, run_id)
+            key = (run.kind, run.graph_hash or run_id)
+            if key not in plans:
+                plans[key] = program_of(run.kind, run.graph)
+            program, completed, waiting = plans[key], dict[str, Any](), dict[str, str]()
+            for event in events:
+                if event.kind == "step_waiting":
+                    waiting[event.step_id] = str((event.payload or {}).get("kind", "approval"))
+                    continue
+                if event.step_id in completed:
+                    continue  # a second completion: _twice reports it
+                if not program.is_ready(completed, event.step_id):
+                    undecided = [s for s, kind in waiting.items()
+                                 if kind == "approval" and s not in completed]
+                    why = (f"completed while approval {', '.join(undecided)} was undecided" if undecided
+                           else "completed before the steps it depends on")
+                    found.append(Violation("completed_out_of_order", run_id, event.step_id, why))
+                completed[event.step_id] = (event.payload or {}).get("output")
+        return found
+
     # ---------------------------------------------------------------- tokens
+
+    @property
+    def fence_key(self) -> bytes:
+        """The key that signs PAL's step messages (pal.doorbell); read once per process."""
+        if self._fence_key is None:
+            with self._tx() as conn:
+                secret = conn.execute(sa.select(pal_keys.c.secret)
+                                      .where(pal_keys.c.name == FENCE_KEY)).scalar()
+            if secret is None:
+                raise StorageError("the journal has no fence key: run `pal db upgrade`")
+            self._fence_key = bytes.fromhex(secret)
+        return self._fence_key
 
     def create_token(self, *, tenant_id: str, name: str, now: datetime) -> tuple[str, str]:
         """A new bearer token for `tenant_id`: (token id, the secret, shown once; only its

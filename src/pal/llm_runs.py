@@ -111,6 +111,9 @@ class LlmProgram:
     def redrive_steps(self, completed: Mapping[str, Any]) -> tuple[str, ...]:
         return self._state(completed).dispatch
 
+    def is_ready(self, completed: Mapping[str, Any], step_id: str) -> bool:
+        return step_id in self._state(completed).dispatch
+
     def view(self, step_id: str, completed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
         return completed, None
 

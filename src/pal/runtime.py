@@ -4,6 +4,7 @@ and the services effectful nodes use (providers, prices, delivery settings)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 from collections.abc import Callable, Mapping
@@ -13,7 +14,10 @@ from decimal import Decimal
 from functools import cached_property
 from typing import Any, Protocol
 
-from pal import builtin_tools  # noqa: F401  (registers the built-in tools)
+from pal import (
+    builtin_tools,  # noqa: F401  (registers the built-in tools)
+    doorbell,
+)
 from pal.config import Settings
 from pal.database import shared_engine
 from pal.interpreter import Program
@@ -47,6 +51,7 @@ class Runtime:
         self.publish = publish
         self.publish_batch = publish_batch
         self._plans: Lru[str, Program] = Lru(_PLAN_CACHE_SIZE)
+        self._uses_secrets: Lru[str, bool] = Lru(_PLAN_CACHE_SIZE)
         self.leases = LeaseKeeper(self._renew_lease, settings.lease_ttl)
         load_tool_modules(settings.tool_modules)
 
@@ -57,6 +62,23 @@ class Runtime:
     @cached_property
     def journal(self) -> Journal:
         return Journal(shared_engine(self.settings.database_url))
+
+    def uses_secrets(self, run: RunRecord) -> bool:
+        """Whether the run's plan mentions `secrets` at all (then what its steps journal is scrubbed
+        of secret values: pal.secrets); decided once per plan per process."""
+        key = f"{run.kind}:{run.graph_hash or run.id}"
+        found = self._uses_secrets.get(key)
+        if found is None:
+            found = "secrets" in json.dumps(run.graph)
+            self._uses_secrets.put(key, found)
+        return found
+
+    def doorbell_signature(self, run_id: str, step_id: str, generation: int) -> str:
+        """The signature a `pal.execute_node` message of PAL's carries (pal.doorbell)."""
+        return doorbell.sign(self.journal.fence_key, run_id, step_id, generation)
+
+    def doorbell_is_genuine(self, run_id: str, step_id: str, generation: int, signature: object) -> bool:
+        return doorbell.verify(self.journal.fence_key, run_id, step_id, generation, signature)
 
     @property
     def worker_id(self) -> str:

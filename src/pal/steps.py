@@ -10,20 +10,31 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pal import faults, retry
 from pal.config import Settings
-from pal.errors import LeaseLost, OutputTooLarge, PalError, StepError, StorageError
+from pal.errors import (
+    LeaseLost,
+    OutputTooLarge,
+    PalError,
+    StepError,
+    StepTimeout,
+    StorageError,
+    WorkLimitExceeded,
+)
 from pal.interpreter import Program
 from pal.journal import ClaimOutcome, RunRecord
+from pal.leases import LeaseGone, TimeLimitReached
 from pal.limits import depth_problem
 from pal.nodes import NodeResult, StepContext, idempotency_key
 from pal.nodes.base import Park, Receipt
+from pal.redact import redact, redact_text
 from pal.runtime import Runtime
+from pal.secrets import scrub_known
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -48,25 +59,28 @@ class JournalReceipts:
         self._rt, self._key = rt, ctx_key
         self._run_id, self._step_id, self._attempt, self._generation = run_id, step_id, attempt, generation
 
+    # What a receipt records is redacted (pal.redact): a target URL may carry credentials.
     def claim(self, effect_kind: str, target: str) -> Receipt:
         return self._rt.journal.claim_receipt(
             key=self._key, run_id=self._run_id, step_id=self._step_id, attempt=self._attempt,
-            effect_kind=effect_kind, target=target, generation=self._generation,
+            effect_kind=effect_kind, target=redact_text(target), generation=self._generation,
             worker_id=self._rt.worker_id, now=utcnow(), lease_ttl=self._rt.settings.lease_ttl)
 
     def settle(self, status: str, response: Any) -> None:
+        if status != "delivered":  # an error's text; a delivered response is the step's own data
+            response = redact(response)
         self._rt.journal.settle_receipt(key=self._key, status=status, response=response, now=utcnow())
 
     def in_doubt(self, detail: Any) -> None:
         self._rt.journal.mark_in_doubt(
             run_id=self._run_id, step_id=self._step_id, attempt=self._attempt,
-            generation=self._generation, detail=detail, worker_id=self._rt.worker_id, now=utcnow(),
+            generation=self._generation, detail=redact(detail), worker_id=self._rt.worker_id, now=utcnow(),
             lease_ttl=self._rt.settings.lease_ttl)
 
 
 def error_of(exc: BaseException) -> dict[str, Any]:
-    """How a failure is journaled: type, message, code and retry class; never a secret."""
-    return {"type": type(exc).__name__, "message": str(exc)[:4000],
+    """How a failure is journaled: type, message (redacted: pal.redact), code and retry class."""
+    return {"type": type(exc).__name__, "message": redact_text(str(exc)[:4000]),
             "code": exc.code if isinstance(exc, StepError) else "step_failed",
             "class": retry.error_class(exc)}
 
@@ -82,12 +96,19 @@ def _check_output(output: Any, settings: Settings) -> None:
                              f"{settings.max_output_bytes} (PAL_MAX_OUTPUT_BYTES)")
 
 
+def step_time_limit(data: Mapping[str, Any], settings: Settings) -> float:
+    """The step's time limit in seconds: its node's `timeoutMs`, else PAL_STEP_TIMEOUT."""
+    timeout_ms = data.get("timeoutMs")
+    return timeout_ms / 1000 if isinstance(timeout_ms, int) and timeout_ms > 0 else settings.step_timeout
+
+
 def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> StepResult:
     """Run one step of one run, exactly as one `pal.execute_node` message asks."""
     settings, journal, worker_id = rt.settings, rt.journal, rt.worker_id
     claim = _once_more_if_disconnected(lambda: journal.claim_step(
         run_id=run_id, step_id=step_id, generation=generation, worker_id=worker_id, now=utcnow(),
-        lease_ttl=settings.lease_ttl))
+        lease_ttl=settings.lease_ttl,
+        ready=lambda run, completed: rt.program_of(run).is_ready(completed, step_id)))
     if claim.outcome is ClaimOutcome.BACKOFF:
         # A re-drive reached a step that is waiting out its backoff: ring again when it is due
         # (a long wait is left to the sweep, at the lease's end).
@@ -104,12 +125,16 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
                                claim.attempt, generation)
     policy = retry.RetryPolicy()
     try:
+        if len(claim.completed or ()) >= settings.max_steps_per_run:
+            raise WorkLimitExceeded(f"the run has completed {len(claim.completed or ())} steps, the most "
+                                    f"PAL_MAX_STEPS_PER_RUN allows ({settings.max_steps_per_run})")
         node = program.node(step_id)
         outputs, loop = program.view(step_id, claim.completed or {})
         ctx = StepContext(run_id=run_id, step_id=step_id, attempt=claim.attempt, input=claim.run.input,
                           outputs=outputs, services=rt, receipts=receipts, started_at=utcnow(), loop=loop)
         policy = retry.parse_policy(node.data.get("retry"))
-        with rt.leases.holding(run_id, generation):
+        limit_s = step_time_limit(node.data, settings)
+        with rt.leases.holding(run_id, generation, limit_s):
             faults.point("before_effect", step_id, run_id)
             result = node.kind.execute(node.data, ctx)
             faults.point("after_effect", step_id, run_id)
@@ -117,13 +142,18 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
                 result = NodeResult(result)
             if isinstance(result, NodeResult):
                 _check_output(result.output, settings)
-    except LeaseLost:
+                if rt.uses_secrets(claim.run):  # a secret the step rendered and echoed is not journaled
+                    result = NodeResult(scrub_known(result.output), result.usage)
+            elif rt.uses_secrets(claim.run):
+                result = Park(scrub_known(result.payload), result.wake_at)
+    except (LeaseLost, LeaseGone):
         log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
         return StepResult("fenced")
+    except TimeLimitReached:
+        exc = StepTimeout(f"the step ran past its time limit of {limit_s:g}s and was stopped")
+        return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy, claim.run.parent_run_id)
     except Exception as exc:  # a node's failure is data for the journal, not a worker crash
-        if isinstance(exc, KeyError) and exc.args == (step_id,):
-            exc = PalError(f"step {step_id!r} is not a step of the run's plan")
-        elif isinstance(exc, TypeError | ValueError) and "JSON" in str(exc):
+        if isinstance(exc, TypeError | ValueError) and "JSON" in str(exc):
             exc = PalError(f"step {step_id!r} returned a value that is not JSON: {exc}")
         return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy, claim.run.parent_run_id)
     if isinstance(result, Park):

@@ -1,99 +1,34 @@
-"""Templates in node data: `{{ input.x }}`, `{{ nodes.a.output.y }}`, rendered in Jinja2's sandbox.
+"""Templates in node data: `{{ input.x }}`, `{{ nodes.a.output.y }}`, `{{ secrets.NAME }}`, rendered in
+a bounded Jinja2 sandbox (pal.template_sandbox; its limits are in pal.limits).
 
 A string that is exactly one `{{ expression }}` evaluates to the expression's own value (a list
 stays a list); any other string with template syntax renders to text. Undefined values are errors.
+A secret is resolved (pal.secrets) only when a template that names it renders, in the worker.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NoReturn
 
 import jinja2
 from jinja2 import meta
 from jinja2.exceptions import SecurityError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from pal import secrets
 from pal.errors import TemplateError
+from pal.limits import RenderBudget, bounded_render, no_render
+from pal.template_sandbox import SECRETS, BoundedEnvironment, inspect_template
 
 ALLOWED_NAMES = frozenset({"input", "nodes", "run", "loop"})
 _SINGLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>(?:(?!\}\}|\{\{|\{%|\{#).)*)\}\}\s*$", re.S)
 _SYNTAX_MARKERS = ("{{", "{%", "{#")
+MAX_MESSAGE = 2000
 
-# Jinja's sandbox stops attribute escapes and bounds range(), but `'a' * 10**9`, `'%999999999d' % 1`
-# or `'a'.ljust(10**9)` would still fill a worker's memory: whatever can grow a value is bounded.
-MAX_RESULT_CHARS = 1_000_000  # the largest string or list one operation may build
-MAX_WIDTH = 1000  # the largest padding width or precision a format may ask for
-MAX_POWER_BITS = 100_000  # the largest integer `**` may build
-_PADDING_METHODS = frozenset({"ljust", "rjust", "center", "zfill", "expandtabs", "format", "format_map"})
-_FORMAT_NUMBERS = re.compile(r"%[#0\- +]*(\*|\d*)(?:\.(\*|\d*))?")
-
-
-def _check_printf(pattern: str) -> None:
-    for width, precision in _FORMAT_NUMBERS.findall(pattern):
-        for number in (width, precision):
-            if number == "*" or (number and int(number) > MAX_WIDTH):
-                raise SecurityError(f"format widths above {MAX_WIDTH} are not allowed")
-
-
-def _check_size(size: int) -> None:
-    if size > MAX_RESULT_CHARS:
-        raise SecurityError(f"the result would hold {size} items, over the limit of {MAX_RESULT_CHARS}")
-
-
-class _GraphEnvironment(ImmutableSandboxedEnvironment):
-    """`input.items` means the input's "items" key, not dict.items: keys win over attributes."""
-
-    intercepted_binops = frozenset({"*", "**", "%"})
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        if isinstance(obj, Mapping) and attribute in obj:
-            return obj[attribute]
-        return super().getattr(obj, attribute)
-
-    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
-        if isinstance(obj, str) and attr in _PADDING_METHODS:
-            return False
-        return bool(super().is_safe_attribute(obj, attr, value))
-
-    def wrap_str_format(self, value: Any) -> Any:
-        # The sandbox hands str.format out before any attribute check; its padding is unbounded.
-        if getattr(value, "__name__", None) in ("format", "format_map") and isinstance(
-                getattr(value, "__self__", None), str):
-            raise SecurityError("str.format is not allowed in templates; use ~ or the format filter")
-        return super().wrap_str_format(value)
-
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "*":
-            for seq, times in ((left, right), (right, left)):
-                if isinstance(seq, str | list | tuple) and isinstance(times, int):
-                    _check_size(len(seq) * times)
-        elif operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
-            if abs(left) > 1 and abs(left).bit_length() * right > MAX_POWER_BITS:
-                raise SecurityError(f"the power would exceed {MAX_POWER_BITS} bits")
-        elif operator == "%" and isinstance(left, str):
-            _check_printf(left)
-        return super().call_binop(context, operator, left, right)
-
-
-def _bounded_filter(name: str) -> Any:
-    original = jinja2.filters.FILTERS[name]
-
-    def bounded(value: Any, *args: Any, **kwargs: Any) -> Any:
-        if name == "format":
-            _check_printf(str(value))
-        elif any(isinstance(a, int) and a > MAX_WIDTH for a in (*args, *kwargs.values())):
-            raise SecurityError(f"{name} widths above {MAX_WIDTH} are not allowed")
-        return original(value, *args, **kwargs)
-
-    return bounded
-
-
-_env = _GraphEnvironment(undefined=jinja2.StrictUndefined, autoescape=False)
-for _name in ("center", "indent", "format", "wordwrap", "truncate"):
-    _env.filters[_name] = _bounded_filter(_name)
+_env = BoundedEnvironment()
 
 
 def _reject_undefined(value: Any) -> Any:
@@ -133,45 +68,112 @@ def check(text: str) -> str | None:
         ast = _env.parse(text)
     except jinja2.TemplateSyntaxError as exc:
         return f"template syntax error: {exc.message} in {text!r}"
-    unknown = sorted(meta.find_undeclared_variables(ast) - ALLOWED_NAMES)
+    except RecursionError:
+        return f"template nests too deeply in {text!r}"
+    problems = inspect_template(ast).problems
+    if problems:
+        return f"{problems[0]} in {text!r}"
+    unknown = sorted(meta.find_undeclared_variables(ast) - ALLOWED_NAMES - {SECRETS})
     if unknown:
         allowed = ", ".join(sorted(ALLOWED_NAMES))
-        return f"template uses unknown name(s) {', '.join(unknown)} (allowed: {allowed})"
+        return (f"template uses unknown name(s) {', '.join(unknown)} (allowed: {allowed}); "
+                "a secret is read as secrets.NAME")
     return None
 
 
-@lru_cache(maxsize=4096)
-def _compiled_expression(expr: str) -> Any:
-    return _env.compile_expression(expr, undefined_to_none=False)
+@dataclass(frozen=True)
+class _Prepared:
+    secret_names: frozenset[str]
+    expression: Any  # a compiled single expression, or None
+    template: jinja2.Template | None
 
 
-@lru_cache(maxsize=4096)
-def _compiled_template(text: str) -> jinja2.Template:
-    return _env.from_string(text)
+def _prepare(text: str) -> _Prepared:
+    # Graph templates are short and rendered again and again; a long one (a graph may hold a 1 MB
+    # string) is compiled each time rather than kept, so the cache holds at most 4096 x 16 kB.
+    return _compile(text) if len(text) > 16_384 else _cached(text)
+
+
+def _compile(text: str) -> _Prepared:
+    shape = inspect_template(_env.parse(text))
+    if shape.problems:
+        raise SecurityError(shape.problems[0])
+    with no_render():  # compiling runs no template code (see BoundedEnvironment.__init__)
+        single = _SINGLE_EXPRESSION.match(text)
+        if single:
+            expression = _env.compile_expression(single.group("expr").strip(), undefined_to_none=False)
+            return _Prepared(shape.secret_names, expression, None)
+        return _Prepared(shape.secret_names, None, _env.from_string(text))
+
+
+_cached = lru_cache(maxsize=4096)(_compile)
+
+
+def _run(prepared: _Prepared, variables: dict[str, Any], budget: RenderBudget) -> Any:
+    if prepared.template is None:
+        value = prepared.expression(**variables)
+        if isinstance(value, Iterator):  # `xs | select(...)`: computed now, inside the budget
+            value = budget.built(list(value))
+        budget.output(budget.measure(_reject_undefined(value))[0])
+        return value
+    pieces, size = [], 0
+    for piece in prepared.template.root_render_func(prepared.template.new_context(variables)):
+        size += len(piece)
+        budget.check_size(size, "the rendered text")
+        pieces.append(piece)
+    budget.output(size)
+    return "".join(pieces)
+
+
+def _fail(message: str, cause: BaseException, revealed: Mapping[str, str]) -> NoReturn:
+    """Raise TemplateError. A message that could quote a secret (`input[secrets.KEY]` names the
+    missing key) is scrubbed before it is cut to length, so no part of a value survives, and the
+    original exception, which holds it, is not chained. A message can quote a whole input value
+    (`'...' is not in list`): it is cut at MAX_MESSAGE characters."""
+    if revealed:
+        message = secrets.scrub(message, revealed)
+    if len(message) > MAX_MESSAGE:
+        message = message[:MAX_MESSAGE] + f"... ({len(message) - MAX_MESSAGE} more characters)"
+    if revealed:
+        raise TemplateError(message) from None
+    raise TemplateError(message) from cause
 
 
 def render_string(text: str, context: Mapping[str, Any]) -> Any:
+    """Render one string (its own budget, or that of the `render` in progress); TemplateError when it
+    fails or is refused."""
     if not has_template(text):
         return text
+    revealed: dict[str, str] = {}
     try:
-        single = _SINGLE_EXPRESSION.match(text)
-        if single:
-            return _reject_undefined(_compiled_expression(single.group("expr").strip())(**context))
-        return _compiled_template(text).render(**context)
-    except jinja2.exceptions.SecurityError as exc:
-        raise TemplateError(f"template refused by the sandbox: {exc} in {text!r}") from exc
+        prepared = _prepare(text)
+        # Resolved here, in the worker, at the last moment; never stored with the graph or journaled.
+        revealed = {name: secrets.resolve(name) for name in sorted(prepared.secret_names)}
+        variables = {key: value for key, value in context.items() if key != SECRETS}
+        if revealed:
+            variables[SECRETS] = dict(revealed)
+        with bounded_render() as budget:
+            return _run(prepared, variables, budget)
+    except SecurityError as exc:  # the allow-lists and BudgetExceeded
+        _fail(f"template refused by the sandbox: {exc} in {text!r}", exc, revealed)
+    except TemplateError:  # an unknown secret: the message names it, never a value
+        raise
     except jinja2.TemplateError as exc:
-        raise TemplateError(f"template {text!r} failed: {exc}") from exc
-    except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # {{ 1/0 }}, {{ x[99] }}
-        raise TemplateError(f"template {text!r} failed: {type(exc).__name__}: {exc}") from exc
+        _fail(f"template {text!r} failed: {exc}", exc, revealed)
+    except RecursionError as exc:
+        _fail(f"template nests too deeply in {text!r}", exc, revealed)
+    except (ArithmeticError, AttributeError, LookupError, TypeError, ValueError, SyntaxError) as exc:
+        _fail(f"template {text!r} failed: {type(exc).__name__}: {exc}", exc, revealed)
 
 
 def render(value: Any, context: Mapping[str, Any]) -> Any:
-    """Render every template string inside a JSON-like value."""
-    if isinstance(value, str):
-        return render_string(value, context)
-    if isinstance(value, Mapping):
-        return {key: render(item, context) for key, item in value.items()}
-    if isinstance(value, list):
-        return [render(item, context) for item in value]
-    return value
+    """Render every template string inside a JSON-like value, all under one budget."""
+    with bounded_render():
+        if isinstance(value, str):
+            return render_string(value, context)
+        if isinstance(value, Mapping):
+            return {key: render(item, context) for key, item in value.items()}
+        if isinstance(value, list):
+            return [render(item, context) for item in value]
+        return value
+

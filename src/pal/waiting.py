@@ -164,6 +164,14 @@ def wake(rt: Runtime, run_id: str, now: datetime | None = None) -> int:
 def _wake_subagent(rt: Runtime, run: RunRecord, program: Program, step_id: str, child_id: str,
                    now: datetime) -> int:
     child = rt.journal.get_run(child_id)
+    if (child.parent_run_id, child.parent_step_id, child.tenant_id) != (run.id, step_id, run.tenant_id):
+        # Only this step's own child may answer it (docs/security.md): never a run someone else
+        # created under the id first.
+        stranger = ChildRunFailed(f"run {child_id} is not the child run of step {step_id!r}")
+        _resume(rt, run, step_id, now=now, error={
+            "type": type(stranger).__name__, "code": "child_run_foreign", "class": stranger.error_class,
+            "message": str(stranger), "child_run_id": child_id})
+        return 1
     if child.status == "succeeded":
         _resume(rt, run, step_id, output=child.output, now=now)
         return 1

@@ -11,7 +11,6 @@ import pytest
 from pal.client import Client
 from pal.nodes import idempotency_key
 from pal.steps import execute_step, utcnow
-from tests.conftest import Backend
 from tests.support.graphs import email, webhook
 from tests.support.servers import SmtpReceiver, WebhookReceiver
 
@@ -20,19 +19,6 @@ from tests.support.servers import SmtpReceiver, WebhookReceiver
 def receiver() -> Iterator[WebhookReceiver]:
     with WebhookReceiver() as server:
         yield server
-
-
-@pytest.fixture
-def smtp() -> Iterator[SmtpReceiver]:
-    with SmtpReceiver() as server:
-        yield server
-
-
-@pytest.fixture
-def mail_client(backend: Backend, smtp: SmtpReceiver) -> Iterator[Client]:
-    client = Client(backend.settings.with_(smtp_url=f"smtp://{smtp.host}:{smtp.port}"))
-    yield client
-    client.close()
 
 
 Outbox = list[tuple[str, str, int]]

@@ -64,7 +64,7 @@ def test_pal_db_upgrade_is_idempotent(postgres_backend: Backend, tmp_path: Path)
                                 env=postgres_backend.env(), capture_output=True, text=True,
                                 timeout=120, cwd=tmp_path)
         assert result.returncode == 0, result.stderr
-        assert "journal at revision 0007" in result.stdout
+        assert "journal at revision 0008" in result.stdout
     engine = create_engine(postgres_backend.settings.database_url)
-    assert current_revision(engine) == "0007"
+    assert current_revision(engine) == "0008"
     engine.dispose()

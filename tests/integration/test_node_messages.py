@@ -56,13 +56,14 @@ def test_a_node_message_is_the_message_send_task_sends(postgres_backend: Backend
     try:
         assert events.get_message(timeout=2.0) is not None  # the subscription is in place
         app.runtime.publish("run-1", "step-a", 3)  # the fast path
-        app.send_task(EXECUTE_NODE, args=["run-1", "step-a", 3], queue=postgres_backend.settings.queue)
+        signed = ["run-1", "step-a", 3, app.runtime.doorbell_signature("run-1", "step-a", 3)]
+        app.send_task(EXECUTE_NODE, args=signed, queue=postgres_backend.settings.queue)
         fast, stock = _queued(redis_client, postgres_backend)
         sent = _sent_events(events)
     finally:
         events.close()
     assert publisher.sent == 1
-    assert fast["body"] == [["run-1", "step-a", 3], {}, {"callbacks": None, "errbacks": None,
+    assert fast["body"] == [signed, {}, {"callbacks": None, "errbacks": None,
                                                           "chain": None, "chord": None}]
     assert _without_fresh(fast) == _without_fresh(stock)
     assert fast["headers"]["id"] == fast["properties"]["correlation_id"] != stock["headers"]["id"]
@@ -112,7 +113,7 @@ def test_a_batch_holds_its_messages_until_it_ends_and_sends_them_with_their_even
         sent = _sent_events(events)
     finally:
         events.close()
-    assert [m["body"][0] for m in queued] == [["run-1", step, 2] for step in "abcd"]
+    assert [m["body"][0][:3] for m in queued] == [["run-1", step, 2] for step in "abcd"]
     assert [e["uuid"] for e in sent] == [m["headers"]["id"] for m in queued]
     assert app.node_publisher is not None and app.node_publisher.sent == 4
 

@@ -73,3 +73,13 @@ def deep(depth: int) -> Any:
     for _ in range(int(depth)):
         value = [value]
     return value
+
+
+@tool(name="spin")
+def spin(seconds: float) -> float:
+    """Busy Python work for up to `seconds` (at most 120): a runaway step that never sleeps."""
+    end = time.monotonic() + min(float(seconds), 120.0)
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+    return float(seconds)

@@ -1,7 +1,10 @@
 """Routes under /v1. Each route calls the run services (pal.runs, pal.waiting, pal.recovery) or the
 journal's named reads; none writes SQL itself. Errors map to statuses with a JSON `detail`:
-401 no/invalid token, 404 no such run (or another tenant's), 409 refused in the run's state,
-422 invalid graph or input (with every problem), 503 the journal database failed."""
+400 NUL or a lone surrogate in the path or query, 401 no/invalid token, 403 a cookie-authenticated
+change that fails the CSRF checks, 404 no such run (or another tenant's), 409 refused in the run's
+state (or a run id that is not available), 413 a body over the cap, 422 invalid graph or input
+(with every problem), 429 the tenant has PAL_MAX_RUNS_IN_FLIGHT runs in flight, 503 the journal
+database failed. The guards of pal.api.limits and pal.api.headers wrap the whole app."""
 
 from __future__ import annotations
 
@@ -14,15 +17,28 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import FastAPI, Header, HTTPException, Query, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field, model_validator
 from sse_starlette.sse import EventSourceResponse
+from starlette.types import ASGIApp
 
-from pal.api.auth import Auth, Caller
+from pal.api.auth import Auth, Caller, tenant_of
+from pal.api.headers import SecurityHeaders, add_docs
+from pal.api.limits import BodyLimit, UnstorableUrl, max_request_bytes, unstorable_problem
 from pal.api.notify import JournalNotifier
 from pal.config import Settings
 from pal.database import normalize_url
-from pal.errors import GraphError, InputError, PalError, Refused, RunNotFound, StorageError
+from pal.errors import (
+    GraphError,
+    InputError,
+    PalError,
+    QuotaExceeded,
+    Refused,
+    RunNotFound,
+    StorageError,
+)
 from pal.journal import Event, RunRecord
 from pal.runtime import Runtime
 from pal.schema import IN_FLIGHT_STATUSES, TERMINAL_EVENT_KINDS, TERMINAL_STATUSES
@@ -30,20 +46,50 @@ from pal.schema import IN_FLIGHT_STATUSES, TERMINAL_EVENT_KINDS, TERMINAL_STATUS
 STATUSES = (*IN_FLIGHT_STATUSES, "waiting", *TERMINAL_STATUSES)
 SSE_POLL_SECONDS = 0.2  # SQLite: how often a stream looks for new events
 NOTIFY_FALLBACK_SECONDS = 2.0  # Postgres: streams wake on NOTIFY, and poll this often regardless
+# An open stream re-checks its token at most this often (between polls): a revoked token's stream
+# ends within about NOTIFY_FALLBACK_SECONDS instead of running as long as the run.
+TOKEN_RECHECK_SECONDS = 1.0
 
 
-class StartRun(BaseModel):
+class GuardedAPI(FastAPI):
+    """FastAPI with PAL's guards around its whole middleware stack, Starlette's error handling
+    included: security headers on every response (a 500 too), then the body cap and the URL
+    check, before any route or token check runs."""
+
+    def __init__(self, *, max_request_bytes: int, **kwargs: Any) -> None:
+        self.max_request_bytes = max_request_bytes
+        super().__init__(**kwargs)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return SecurityHeaders(BodyLimit(UnstorableUrl(super().build_middleware_stack()),
+                                         self.max_request_bytes))
+
+
+class Body(BaseModel):
+    """A JSON body: refused (422, naming where) when any string or key holds NUL or a lone
+    surrogate, before field validation, so neither reaches the journal nor an error echo."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        problem = unstorable_problem(data, "body")
+        if problem is not None:
+            raise InputError(problem)  # passes through pydantic to the PalError handler: a 422
+        return data
+
+
+class StartRun(Body):
     graph: dict[str, Any] = Field(description="A graph document, or a plain-LLM spec ({\"kind\": \"llm\"})")
     input: Any = None
     run_id: str | None = Field(None, description="Your own id: the same id twice returns the existing run")
 
 
-class Decision(BaseModel):
+class Decision(Body):
     comment: str | None = None
     approval_hash: str | None = Field(None, description="Refuse unless the pending approval has this hash")
 
 
-class Cancel(BaseModel):
+class Cancel(Body):
     reason: str | None = None
 
 
@@ -55,8 +101,10 @@ def _event_json(event: Event) -> dict[str, Any]:
     return event.as_dict()
 
 
-def create_api(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
-    """The control plane's FastAPI app for `settings` (publishing through the Celery broker)."""
+def create_api(settings: Settings, runtime: Runtime | None = None,
+               max_body_bytes: int | None = None) -> FastAPI:
+    """The control plane's FastAPI app for `settings` (publishing through the Celery broker).
+    Request bodies are capped at `max_body_bytes` (default: `limits.max_request_bytes`)."""
     if runtime is None:
         from pal.workers.app import create_app
 
@@ -72,7 +120,11 @@ def create_api(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         if notifier is not None:
             notifier.stop()
 
-    api = FastAPI(title="PAL control plane", version="1", description=__doc__, lifespan=lifespan)
+    # /docs is served by add_docs under its own CSP; ReDoc is off (its inline styles need
+    # 'unsafe-inline') and so is Swagger's OAuth redirect page (PAL uses bearer tokens).
+    api = GuardedAPI(max_request_bytes=max_body_bytes or max_request_bytes(settings),
+                     title="PAL control plane", version="1", description=__doc__, lifespan=lifespan,
+                     docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None)
     api.state.runtime = runtime
     rt = runtime
 
@@ -80,6 +132,8 @@ def create_api(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     async def _pal_error(_: Request, exc: PalError) -> JSONResponse:
         if isinstance(exc, RunNotFound):
             return JSONResponse({"detail": str(exc)}, status_code=404)
+        if isinstance(exc, QuotaExceeded):
+            return JSONResponse({"detail": str(exc)}, status_code=429)
         if isinstance(exc, Refused):
             return JSONResponse({"detail": str(exc)}, status_code=409)
         if isinstance(exc, GraphError):
@@ -90,6 +144,14 @@ def create_api(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
             return JSONResponse({"detail": "the journal database failed; try again"}, status_code=503)
         return JSONResponse({"detail": str(exc)}, status_code=400)
 
+    @api.exception_handler(RequestValidationError)
+    async def _invalid_request(_: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's own handler echoes the input: a non-JSON body is echoed as bytes, which were a
+        # 500 when not UTF-8. Decode with replacement, and write ASCII JSON, which always encodes.
+        as_text = {bytes: lambda b: b.decode("utf-8", "replace")}
+        detail = jsonable_encoder(exc.errors(), custom_encoder=as_text)
+        return Response(json.dumps({"detail": detail}), status_code=422, media_type="application/json")
+
     def own_run(run_id: str, caller: Caller) -> RunRecord:
         return rt.journal.get_run(run_id, tenant_id=caller.tenant_id)
 
@@ -98,13 +160,6 @@ def create_api(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         """Start a run; with `run_id`, idempotent: the same id returns the existing run (200)."""
         from pal.runs import start_run
 
-        if body.run_id is not None:
-            try:
-                existing = rt.journal.get_run(body.run_id)
-            except RunNotFound:
-                existing = None
-            if existing is not None and existing.tenant_id != caller.tenant_id:
-                raise HTTPException(409, f"run id {body.run_id!r} is taken")
         record, created = start_run(rt, body.graph, body.input, run_id=body.run_id,
                                     tenant_id=caller.tenant_id)
         return JSONResponse(_run_json(record), status_code=201 if created else 200)
@@ -197,11 +252,12 @@ def create_api(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         return build(run, rt.journal.events(run_id), utcnow())
 
     @api.get("/v1/runs/{run_id}/events")
-    async def events(run_id: str, caller: Auth,
+    async def events(run_id: str, caller: Auth, request: Request,
                      last_event_id: Annotated[str | None, Header()] = None,
                      after: Annotated[int | None, Query(ge=0)] = None) -> EventSourceResponse:
         """The journal as it lands (Server-Sent Events; `id` is the event's seq). `Last-Event-ID`
-        (or `?after=`) resumes exactly after that event; the stream ends after the terminal event."""
+        (or `?after=`) resumes exactly after that event; the stream ends after the terminal event,
+        or soon after its token is revoked."""
         await anyio.to_thread.run_sync(own_run, run_id, caller)
         try:
             start = int(last_event_id) if last_event_id else (after or 0)
@@ -217,9 +273,18 @@ def create_api(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
                 if notifier is not None and woken is not None:
                     notifier.unsubscribe(run_id, woken)
 
+        def token_live() -> bool:
+            return tenant_of(request, caller.token) == caller.tenant_id
+
         async def journal_stream(woken: asyncio.Event | None) -> AsyncIterator[dict[str, Any]]:
             last = start
+            loop = asyncio.get_running_loop()
+            recheck_at = loop.time() + TOKEN_RECHECK_SECONDS
             while True:
+                if loop.time() >= recheck_at:
+                    if not await anyio.to_thread.run_sync(token_live):
+                        return  # revoked: a browser's EventSource reconnects and gets its 401
+                    recheck_at = loop.time() + TOKEN_RECHECK_SECONDS
                 batch = await anyio.to_thread.run_sync(rt.journal.events, run_id, last)
                 for event in batch:
                     last = event.seq
@@ -241,5 +306,6 @@ def create_api(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
 
     from pal.api.dashboard import add_dashboard
 
+    add_docs(api)
     add_dashboard(api, rt)
     return api

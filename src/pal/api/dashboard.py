@@ -1,82 +1,123 @@
 """The dashboard: server-rendered pages over the same tokens as /v1 (a login form sets them as an
-HttpOnly, SameSite=Strict cookie), a run list and the live run waterfall (small vanilla JS)."""
+HttpOnly, SameSite=Strict cookie), a run list and the live run waterfall (small vanilla JS).
+
+Every page is a Jinja template with autoescaping on, so nothing a request or the journal holds is
+ever emitted as markup; the pages' script and styles are static files, as the strict CSP of
+pal.api.headers requires. Every form POST passes the CSRF checks of pal.api.csrf."""
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 import jinja2
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from pal.api import csrf
 from pal.api.auth import COOKIE, presented_token, tenant_of
 from pal.errors import RunNotFound
 from pal.runtime import Runtime
 
 HERE = Path(__file__).parent
-_templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
-                                autoescape=jinja2.select_autoescape(["html"]))
+# autoescape=True, not select_autoescape: every template is HTML, whatever its file name.
+_templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
 RUNS_PER_PAGE = 100
 
 
-def _page(name: str, **context: Any) -> HTMLResponse:
-    return HTMLResponse(_templates.get_template(name).render(**context))
+def _page(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    # no-store: the pages carry the session's CSRF token; no cache should keep a copy.
+    return HTMLResponse(_templates.get_template(name).render(**context), status_code=status_code,
+                        headers={"Cache-Control": "no-store"})
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """The urlencoded form of a POST (its size is capped by pal.api.limits.BodyLimit)."""
+    fields = parse_qs((await request.body()).decode(errors="replace"))
+    return {name: values[0] for name, values in fields.items()}
 
 
 def add_dashboard(api: FastAPI, rt: Runtime) -> None:
     api.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
-    def tenant(request: Request) -> str | None:
+    def session(request: Request) -> tuple[str, str] | None:
+        """(tenant, CSRF token) of the dashboard cookie's live token, None when logged out."""
         token = request.cookies.get(COOKIE)
-        return tenant_of(request, token) if token else None
+        who = tenant_of(request, token) if token else None
+        return (who, csrf.session_token(token)) if who is not None and token else None
+
+    def login_page(request: Request, error: str | None = None, status_code: int = 200) -> HTMLResponse:
+        value = request.cookies.get(csrf.LOGIN_COOKIE) or secrets.token_urlsafe(32)
+        page = _page("login.html", status_code, error=error, csrf=value)
+        page.set_cookie(csrf.LOGIN_COOKIE, value, httponly=True, samesite="strict", path="/login",
+                        secure=request.url.scheme == "https")
+        return page
 
     @api.get("/", include_in_schema=False)
     def home() -> Response:
         return RedirectResponse("/runs", status_code=303)
 
     @api.get("/login", include_in_schema=False)
-    def login_form() -> HTMLResponse:
-        return _page("login.html", error=None)
+    def login_form(request: Request) -> HTMLResponse:
+        return login_page(request)
 
     @api.post("/login", include_in_schema=False)
     async def login(request: Request) -> Response:
-        fields = parse_qs((await request.body()).decode(errors="replace"))
-        token = (fields.get("token") or [""])[0].strip()
+        fields = await _form(request)
+        try:  # login CSRF: a foreign page must not log the browser in as someone else
+            csrf.require_same_origin(request, fields.get(csrf.FORM_FIELD),
+                                     request.cookies.get(csrf.LOGIN_COOKIE))
+        except HTTPException:
+            return login_page(request, "The login form expired or came from another site; try again.",
+                              403)
+        token = fields.get("token", "").strip()
         if not token or tenant_of(request, token) is None:
-            page = _page("login.html", error="That token is unknown or revoked.")
-            page.status_code = 401
-            return page
+            return login_page(request, "That token is unknown or revoked.", 401)
         reply = RedirectResponse("/runs", status_code=303)
         reply.set_cookie(COOKIE, token, httponly=True, samesite="strict",
                          secure=request.url.scheme == "https")
+        reply.delete_cookie(csrf.LOGIN_COOKIE, path="/login")
         return reply
 
     @api.get("/logout", include_in_schema=False)
-    def logout() -> Response:
+    def logout_form(request: Request) -> Response:
+        """Logging out changes state, so it is a POST; GET only shows the button."""
+        who = session(request)
+        if who is None:
+            return RedirectResponse("/login", status_code=303)
+        return _page("logout.html", tenant=who[0], csrf=who[1])
+
+    @api.post("/logout", include_in_schema=False)
+    async def logout(request: Request) -> Response:
+        token = request.cookies.get(COOKIE)
+        if token:
+            fields = await _form(request)
+            csrf.require_same_origin(request, fields.get(csrf.FORM_FIELD), csrf.session_token(token))
         reply = RedirectResponse("/login", status_code=303)
         reply.delete_cookie(COOKIE)
         return reply
 
     @api.get("/runs", include_in_schema=False)
     def runs_page(request: Request) -> Response:
-        who = tenant(request)
+        who = session(request)
         if who is None:
             return RedirectResponse("/login", status_code=303)
-        return _page("runs.html", tenant=who, runs=rt.journal.list_runs(tenant_id=who, limit=RUNS_PER_PAGE))
+        return _page("runs.html", tenant=who[0], csrf=who[1],
+                     runs=rt.journal.list_runs(tenant_id=who[0], limit=RUNS_PER_PAGE))
 
     @api.get("/runs/{run_id}", include_in_schema=False)
     def run_page(run_id: str, request: Request) -> Response:
-        who = tenant(request)
+        who = session(request)
         if who is None:
             return RedirectResponse("/login", status_code=303)
         try:
-            run = rt.journal.get_run(run_id, tenant_id=who)
+            run = rt.journal.get_run(run_id, tenant_id=who[0])
         except RunNotFound:
-            return HTMLResponse(f"no run {run_id!r}", status_code=404)
-        return _page("run.html", tenant=who, run=run)
+            return _page("missing.html", 404, tenant=who[0], csrf=who[1], run_id=run_id)
+        return _page("run.html", tenant=who[0], csrf=who[1], run=run)
 
 
 __all__ = ["add_dashboard", "presented_token"]

@@ -145,6 +145,8 @@ class Field:
 
 
 ANY = (str, dict, list, bool, int, float, type(None))
+COMMON_FIELDS = ("retry", "timeoutMs")  # every node kind accepts these (pal.retry, the step's time limit)
+MAX_TIMEOUT_MS = 86_400_000  # a day: the longest time limit a node may ask for
 
 
 class NodeKind(ABC):
@@ -162,11 +164,15 @@ class NodeKind(ABC):
         problems: list[str] = []
         if "retry" in data:
             problems.extend(retry.policy_problems(data["retry"]))
+        timeout = data.get("timeoutMs", 1)
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= MAX_TIMEOUT_MS:
+            problems.append(f"timeoutMs must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS}, "
+                            f"not {timeout!r}")
         for key in data:
-            if key == "retry":
+            if key in COMMON_FIELDS:
                 continue
             if key not in self.fields:
-                allowed = ", ".join(sorted([*self.fields, "retry"]))
+                allowed = ", ".join(sorted({*self.fields, *COMMON_FIELDS}))
                 problems.append(f"unknown data field {key!r} (allowed: {allowed})")
         for key, spec in self.fields.items():
             if key not in data:

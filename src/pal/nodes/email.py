@@ -3,6 +3,11 @@
 The message's Message-ID and an Idempotency-Key header derive from the step attempt's key, so a
 receiver that de-duplicates (`idempotentReceiver: true`) recognises a re-send. The server is
 PAL_SMTP_URL; the sender is `from` or PAL_SMTP_FROM.
+
+The SMTP server is the operator's PAL_SMTP_URL, trusted configuration that no graph field can
+change, so the egress guard (pal.egress) does not apply to it (docs/side-effects.md). What a graph
+does choose are the addresses: each `to` item must be exactly one address, so a comma, a semicolon
+or a CR/LF inside an item cannot add a recipient or a header.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import email.policy
 import smtplib
 from collections.abc import Mapping
+from email import errors
+from email.headerregistry import Address, AddressHeader, HeaderRegistry
 from email.message import EmailMessage
 from typing import Any, ClassVar
 
@@ -17,6 +24,33 @@ from pal.config import smtp_address
 from pal.errors import DeliveryError, DeliveryOutcomeUnknown, DeliveryTimeout
 from pal.nodes.base import Field, NodeKind, StepContext
 from pal.nodes.delivery import deliver
+
+_HEADERS = HeaderRegistry()
+
+
+def one_address(text: str) -> Address | str:
+    """`text` as exactly one e-mail address, or why it is not one."""
+    if any(ord(c) < 32 or c == "\x7f" for c in text):
+        return "holds a control character (CR, LF, NUL, …)"
+    try:
+        parsed = _HEADERS("to", text)
+    except Exception as exc:  # the parser raises on some malformed input (`a@`)
+        return f"cannot be parsed ({type(exc).__name__})"
+    if not isinstance(parsed, AddressHeader):  # the registry makes "to" an address header
+        return "cannot be parsed as an address"
+    # A non-ASCII local part is allowed (RFC 6532: smtplib sends it with SMTPUTF8); no other defect.
+    defects = [d for d in parsed.defects if not isinstance(d, errors.NonASCIILocalPartDefect)]
+    if defects:
+        return f"is not one well-formed address ({defects[0]})"
+    if any(group.display_name is not None for group in parsed.groups):
+        return "is a group of addresses, not one address"
+    addresses = parsed.addresses
+    if len(addresses) != 1:
+        return f"holds {len(addresses)} addresses, not one"
+    address = addresses[0]
+    if not address.username or not address.domain:
+        return "is not user@domain"
+    return address
 
 
 class Email(NodeKind):
@@ -33,24 +67,41 @@ class Email(NodeKind):
     def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:
         services = ctx.need_services()
         to = ctx.render(data["to"])
-        recipients = [str(r) for r in (to if isinstance(to, list) else [to])]
-        if not recipients or not all("@" in r for r in recipients):
+        items = [str(r) for r in (to if isinstance(to, list) else [to])]
+        if not items:
             raise DeliveryError(f"email: 'to' rendered to {to!r}, not e-mail addresses")
+        parsed: list[Address] = []
+        for item in items:
+            address = one_address(item)
+            if isinstance(address, str):
+                raise DeliveryError(f"email: 'to' rendered to {to!r}, not e-mail addresses: "
+                                    f"{item!r} {address} (nothing was sent)")
+            parsed.append(address)
+        sender_text = str(ctx.render(data.get("from") or services.setting("smtp_from")))
+        sender = one_address(sender_text)
+        if isinstance(sender, str):
+            raise DeliveryError(f"email: 'from' {sender_text!r} {sender} (nothing was sent)")
+        # The envelope is the parsed addresses, not a re-parse of the headers by smtplib: what is
+        # checked here is exactly who receives the message.
+        recipients, envelope_from = [a.addr_spec for a in parsed], sender.addr_spec
         # 998 is SMTP's own line limit: the long Message-ID stays on one line, easy to match on.
         message = EmailMessage(policy=email.policy.SMTP.clone(max_line_length=998))
-        message["From"] = str(ctx.render(data.get("from") or services.setting("smtp_from")))
-        message["To"] = ", ".join(recipients)
-        message["Subject"] = str(ctx.render(data["subject"]))
-        message["Message-ID"] = f"<{ctx.idempotency_key}@pal>"
-        message["Idempotency-Key"] = ctx.idempotency_key
-        message.set_content(str(ctx.render(data["body"])))
+        try:
+            message["From"] = sender
+            message["To"] = parsed
+            message["Subject"] = str(ctx.render(data["subject"]))
+            message["Message-ID"] = f"<{ctx.idempotency_key}@pal>"
+            message["Idempotency-Key"] = ctx.idempotency_key
+            message.set_content(str(ctx.render(data["body"])))
+        except ValueError as exc:  # e.g. a CR/LF in the subject: no header may be injected
+            raise DeliveryError(f"email: cannot form the message: {exc} (nothing was sent)") from exc
         host, port = smtp_address(services.setting("smtp_url"))
         timeout = float(services.setting("delivery_timeout"))
 
         def send() -> dict[str, Any]:
             try:
                 with smtplib.SMTP(host, port, timeout=timeout) as smtp:
-                    refused = smtp.send_message(message)
+                    refused = smtp.send_message(message, from_addr=envelope_from, to_addrs=recipients)
             except TimeoutError as exc:
                 raise DeliveryTimeout(f"email via {host}:{port}: timed out after {timeout:g}s") from exc
             except (ConnectionRefusedError, smtplib.SMTPConnectError) as exc:

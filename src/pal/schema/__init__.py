@@ -186,3 +186,15 @@ api_tokens = sa.Table(
     sa.Column("created_at", UtcDateTime(), nullable=False),
     sa.Column("revoked_at", UtcDateTime(), nullable=True),
 )
+
+# Keys this deployment's processes share (migration 0008), read once per process. `fence` signs the
+# `pal.execute_node` messages PAL publishes (docs/security.md): a message without a valid signature
+# is refused before it touches the journal, so a lease generation is not enough to forge one.
+pal_keys = sa.Table(
+    "pal_keys",
+    metadata,
+    sa.Column("name", sa.String(32), primary_key=True),
+    sa.Column("secret", sa.String(128), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+)
+FENCE_KEY = "fence"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from pal.errors import GraphError, InputError
+from pal.errors import GraphError, InputError, Refused
 from pal.recovery import sweep
 from pal.runs import start_run
 from pal.steps import execute_step
@@ -22,9 +22,19 @@ log = logging.getLogger(__name__)
 
 def register_tasks(app: PalCelery) -> None:
     @app.task(name="pal.execute_node", bind=True, shared=False)  # type: ignore[untyped-decorator]
-    def execute_node(self: Any, run_id: str, step_id: str, generation: int) -> str:
-        """Execute one graph node of one run (one node per message)."""
-        return execute_step(self.app.runtime, run_id, step_id, int(generation)).outcome
+    def execute_node(self: Any, run_id: Any, step_id: Any, generation: Any, signature: Any = None) -> str:
+        """Execute one graph node of one run (one node per message).
+
+        Anyone who reaches the broker can send this message: it runs only if it carries PAL's
+        signature of exactly (run, step, generation) (pal.doorbell); anything else is refused
+        before the journal is touched, and never fails the run."""
+        rt = self.app.runtime
+        if not (isinstance(run_id, str) and isinstance(step_id, str) and type(generation) is int
+                and rt.doorbell_is_genuine(run_id, step_id, generation, signature)):
+            log.warning("pal.execute_node refused: not a message PAL sent (run %.128r step %.256r "
+                        "generation %.32r)", run_id, step_id, generation)
+            return "forged"
+        return execute_step(rt, run_id, step_id, generation).outcome
 
     @app.task(name="pal.sweep_orphans", bind=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep_orphans(self: Any) -> dict[str, Any]:
@@ -42,7 +52,7 @@ def register_tasks(app: PalCelery) -> None:
         try:
             record, created = start_run(self.app.runtime, graph, input, run_id=run_id,
                                         tenant_id=tenant_id)
-        except (GraphError, InputError) as exc:
+        except (GraphError, InputError, Refused) as exc:
             log.error("pal.start_run refused: %s", exc)
             return {"error": str(exc)}
         return {"run_id": record.id, "created": created}

@@ -11,6 +11,7 @@ from celery import Celery
 
 from pal.config import DEFAULT_VISIBILITY_TIMEOUT_SECONDS, Settings
 from pal.recovery import sweep_schedule
+from pal.redact import install_log_redaction
 from pal.runtime import Runtime
 from pal.workers.node_messages import NodePublisher
 
@@ -62,6 +63,7 @@ DELIVERY_SETTINGS: dict[str, Any] = {
 
 
 def create_app(settings: Settings) -> PalCelery:
+    install_log_redaction()  # every process that runs or sends PAL's tasks (pal.redact)
     app = PalCelery("pal", set_as_current=False)
     app.conf.update(DELIVERY_SETTINGS)
     app.conf.update(
@@ -90,11 +92,13 @@ def create_app(settings: Settings) -> PalCelery:
     batching = threading.local()  # the producer of this thread's open publish batch, if any
 
     def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0) -> None:
+        # Signed, so that a worker can tell PAL's doorbells from forged ones (pal.doorbell).
+        args = [run_id, step_id, generation, app.runtime.doorbell_signature(run_id, step_id, generation)]
         if node_publisher is not None and countdown <= 0:
-            node_publisher.publish([run_id, step_id, generation])  # held if a batch is open
+            node_publisher.publish(args)  # held if a batch is open
             return
         # A countdown is held by the consuming worker's timer, not by a blocked process.
-        app.send_task(EXECUTE_NODE, args=[run_id, step_id, generation], queue=settings.queue,
+        app.send_task(EXECUTE_NODE, args=args, queue=settings.queue,
                       countdown=countdown if countdown > 0 else None,
                       producer=getattr(batching, "producer", None))
 

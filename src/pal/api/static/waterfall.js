@@ -1,5 +1,7 @@
 // The run waterfall: fetch the rows the server computes from the journal, redraw on every journal
-// event that arrives over SSE (the same-origin cookie authenticates both).
+// event that arrives over SSE (the same-origin cookie authenticates both). Under the dashboard's CSP
+// (docs/api.md, "Security headers") text goes in with textContent only, never as markup, and
+// positions are set through element.style (CSSOM), never as a style="" attribute.
 "use strict";
 
 function el(tag, attrs, text) {
@@ -9,8 +11,14 @@ function el(tag, attrs, text) {
   return node;
 }
 
+function placed(node, left, width) {
+  node.style.left = `${left}%`;
+  if (width !== undefined) node.style.width = `${width}%`;
+  return node;
+}
+
 function bar(cls, from, width, scale) {
-  return el("div", {class: "bar " + cls, style: `left:${from * scale}%;width:${Math.max(width * scale, 0.4)}%`});
+  return placed(el("div", {class: "bar " + cls}), from * scale, Math.max(width * scale, 0.4));
 }
 
 function render(runId, data) {
@@ -32,8 +40,9 @@ function render(runId, data) {
     lane.append(bar("queue", row.ready_at || 0, row.queue_s, scale));
     lane.append(bar(row.status === "failed" ? "failed" : "run", start, row.run_s, scale));
     if (row.wait_s > 0) lane.append(bar("wait", start + row.run_s, row.wait_s, scale));
-    for (const r of row.retries) lane.append(el("div", {class: "mark retry", style: `left:${r.at * scale}%`,
-                                                        title: `retry after attempt ${r.attempt}: ${r.error}`}));
+    for (const r of row.retries) lane.append(placed(el("div", {class: "mark retry",
+                                                             title: `retry after attempt ${r.attempt}: ${r.error}`}),
+                                                    r.at * scale));
     const timeline = el("td", {});
     timeline.append(lane);
     tr.append(timeline);
@@ -43,7 +52,8 @@ function render(runId, data) {
     tr.append(el("td", {}, String(row.input_tokens + row.output_tokens)));
     tr.append(el("td", {}, "$" + Number(row.cost_usd).toFixed(6)));
     const actions = el("td", {});
-    if (row.child_run_id) actions.append(el("a", {href: "/runs/" + row.child_run_id}, "child run"));
+    if (row.child_run_id) actions.append(el("a", {href: "/runs/" + encodeURIComponent(row.child_run_id)},
+                                            "child run"));
     if (row.pending_approval) {
       for (const decision of ["approve", "reject"]) {
         const button = el("button", {"data-decision": decision}, decision);
@@ -65,9 +75,16 @@ async function refresh(runId) {
   if (reply.ok) render(runId, await reply.json());
 }
 
+function csrfToken() {
+  const meta = document.querySelector('meta[name="csrf-token"]');
+  return meta ? meta.content : "";
+}
+
 async function decide(runId, stepId, decision, hash) {
+  // The cookie alone does not authorize a change: the page's CSRF token goes along (docs/api.md).
   await fetch(`/v1/runs/${encodeURIComponent(runId)}/steps/${encodeURIComponent(stepId)}/${decision}`, {
-    method: "POST", credentials: "same-origin", headers: {"Content-Type": "application/json"},
+    method: "POST", credentials: "same-origin",
+    headers: {"Content-Type": "application/json", "X-CSRF-Token": csrfToken()},
     body: JSON.stringify({comment: "from the dashboard", approval_hash: hash})});
   refresh(runId);
 }
@@ -87,3 +104,7 @@ function startWaterfall(runId) {
     });
   }
 }
+
+// Started from here, not from an inline <script> (the CSP allows none): the page names its run.
+const waterfallTable = document.getElementById("waterfall");
+if (waterfallTable && waterfallTable.dataset.runId) startWaterfall(waterfallTable.dataset.runId);
