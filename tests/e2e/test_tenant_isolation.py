@@ -10,8 +10,10 @@ from typing import Any
 
 import httpx
 
-from tests.support.api_server import Api
-from tests.support.graphs import approval
+from pal.demo import wait_until
+from tests.support.api_server import Api, free_port
+from tests.support.graphs import approval, single
+from tests.support.processes import Processes
 
 
 def _graph(tmp_path: Path) -> dict[str, Any]:
@@ -62,3 +64,33 @@ def test_a_caller_cannot_choose_a_child_run_id(api: Api, tmp_path: Path) -> None
         assert reply.status_code == 422, (run_id, reply.text)
         assert "reserved" in reply.json()["detail"]
         assert api.call("GET", f"/v1/runs/{run_id}", api.other).status_code == 404  # nothing written
+
+
+def test_a_tenant_over_its_runs_in_flight_gets_429(api: Api, processes: Processes, tmp_path: Path) -> None:
+    """PAL_MAX_RUNS_IN_FLIGHT over HTTP: 429 with the setting named, nothing written; another tenant
+    and the same tenant's idempotent repeat are not held up."""
+    port = free_port()
+    processes.start(["api", "--port", str(port)], "api-quota.log", PAL_MAX_RUNS_IN_FLIGHT="2")
+    url = f"http://127.0.0.1:{port}"
+    assert wait_until(lambda: _up(url), timeout=60)
+    # A 30 s step: the worker is busy with the first run, the second stays queued (a parked run
+    # holds no worker and does not count).
+    graph = single({"id": "nap", "type": "tool", "data": {"tool": "nap", "args": {"seconds": 30}}})
+
+    def start(token: str, run_id: str) -> httpx.Response:
+        return httpx.post(f"{url}/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=30,
+                          json={"graph": graph, "run_id": run_id})
+
+    assert [start(api.token, f"q-{i}").status_code for i in range(2)] == [201, 201]
+    over = start(api.token, "q-2")
+    assert over.status_code == 429 and "PAL_MAX_RUNS_IN_FLIGHT" in over.json()["detail"]
+    assert api.call("GET", "/v1/runs/q-2", api.token).status_code == 404  # nothing written
+    assert start(api.token, "q-0").status_code == 200  # the same run again is no new work
+    assert start(api.other, "globex-1").status_code == 201
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url + "/openapi.json", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
