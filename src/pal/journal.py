@@ -97,6 +97,7 @@ _EVENT_VALUES: dict[str, Any] = {column: sa.bindparam(name) for column, name in 
 _CLAIM_FENCE = "SELECT * FROM pal_claim_fence(%s, %s, %s, %s, %s)"
 _COMPLETE_FENCE = "SELECT * FROM pal_complete_fence(%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s)"
 _START_STEP = "SELECT pal_start_step(%s, %s, %s, %s, %s::jsonb, %s)"
+_CLAIM_FENCE_CALL = FunctionCall.of("pal_claim_fence", ("text", "integer", "text", "timestamptz", "bigint"))
 _CLAIM_STEP = FunctionCall.of("pal_claim_step", (
     "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz", "boolean"))
 _COMPLETE_STEP = FunctionCall.of("pal_complete_step", (
@@ -429,7 +430,18 @@ class Journal:
         if run is None or step_id in known.outputs or step_id in known.waited:
             return None
         if ready is not None and not ready(run, known.outputs):
-            return None  # maybe only this process's log is behind: the transaction decides
+            # Usually this process's log is only behind (another process completed the step's
+            # predecessor): fence and read what came after it in one more autocommit call, then
+            # decide on the fresh log. Nothing but the lease's expiry is written by that call.
+            rows = [EventRow(*row) for row in calls.rows(_CLAIM_FENCE_CALL, (
+                run_id, generation, worker_id, now + timedelta(seconds=lease_ttl), known.seq))]
+            if rows and rows[0].seq == FENCED_OUT:
+                return None  # stale or over: the transaction says which
+            if rows:
+                known = known.extended(rows)
+                self._remember(run_id, known)  # the call has committed
+            if step_id in known.outputs or step_id in known.waited or not ready(run, known.outputs):
+                return None  # the transaction decides, and refuses a step that is not ready
         due = known.backoff_due(step_id)
         if due is not None and due > now:
             return None
