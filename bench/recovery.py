@@ -38,9 +38,9 @@ from bench.throughput import (
     stop_process,
 )
 from pal.client import Client
-from pal.database import create_engine
-from pal.durations import parse_go_duration
-from pal.schema.migrate import upgrade
+from pal.core.durations import parse_go_duration
+from pal.storage.database import create_engine
+from pal.storage.schema.migrate import upgrade
 
 RUN_TIMEOUT = 120.0  # seconds a run may take to succeed after the fresh worker starts
 KILL_TIMEOUT = 90.0  # seconds the armed worker may take to start, reach s1 and kill itself

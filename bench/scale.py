@@ -6,16 +6,16 @@
            orphans (in-flight runs whose lease expired), all cloned with set-based SQL from template
            runs that PAL itself wrote: a 3-tool graph, finished (only its `runs` row is cloned; the
            sweep never reads a finished run's events), or running with n0 started (row, events and
-           lock row cloned). Timed: one `pal.recovery.sweep` pass that re-drives the 20
+           lock row cloned). Timed: one `pal.engine.recovery.sweep` pass that re-drives the 20
            orphans (they are made orphans again before every pass), an idle pass, and the orphan
            query alone. The pass publishes with the worker's own Celery publisher to the real Redis,
            to a queue nobody consumes. Printed: the pass's SQL statements and EXPLAIN ANALYZE of the
            scans it runs once per pass.
   replay   A run of trigger -> 9,998 `noop` tools -> output (10,000 steps) whose journal holds every
            step but the last 5, and a step_started of the first of those (its worker died). Timed
-           in this process, with a recording publisher: `pal.recovery.redrive` from a fresh Runtime
+           in this process, with a recording publisher: `pal.engine.recovery.redrive` from a fresh Runtime
            (cold caches, as in a sweeper that never saw the run), then the next step through
-           `pal.steps.execute_step`, once in the same Runtime and once in another fresh one.
+           `pal.engine.steps.execute_step`, once in the same Runtime and once in another fresh one.
   memory   VmRSS of a real `pal worker --pool solo` (the process that executes the steps) after it
            ran a 300-node linear graph of `noop` tools.
 --quick: 50,000 finished / 1,000 in flight, a 1,000-step replay, 1 rep. --profile: cProfile a
@@ -59,13 +59,13 @@ from bench.throughput import (
 )
 from pal.client import Client
 from pal.config import Settings
-from pal.database import normalize_url
-from pal.journal import Journal
-from pal.recovery import SWEEP_BATCH, redrive, sweep
-from pal.runs import start_run
-from pal.runtime import Runtime
-from pal.schema import journal_events, run_locks, runs
-from pal.steps import execute_step, utcnow
+from pal.engine.recovery import SWEEP_BATCH, redrive, sweep
+from pal.engine.runs import start_run
+from pal.engine.runtime import Runtime
+from pal.engine.steps import execute_step, utcnow
+from pal.storage.database import normalize_url
+from pal.storage.journal import Journal
+from pal.storage.schema import journal_events, run_locks, runs
 
 SWEEP_PASSES_PER_REP = 5  # a pass takes milliseconds: several samples per rep
 QUERY_SAMPLES = 5  # orphan queries timed before each pass

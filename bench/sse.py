@@ -39,9 +39,9 @@ from bench.throughput import (
     stop_process,
 )
 from pal.client import Client
-from pal.database import create_engine
-from pal.schema.migrate import upgrade
-from pal.steps import utcnow
+from pal.engine.steps import utcnow
+from pal.storage.database import create_engine
+from pal.storage.schema.migrate import upgrade
 
 POLL_PERIOD = 0.2
 

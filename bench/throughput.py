@@ -50,14 +50,14 @@ if str(REPO) not in sys.path:
 import celery  # noqa: E402
 
 from bench import cpu  # noqa: E402
-from pal.autocommit import FunctionCall  # noqa: E402
 from pal.client import Client  # noqa: E402
 from pal.config import Settings, load_settings  # noqa: E402
-from pal.database import create_engine, normalize_url  # noqa: E402
-from pal.runs import start_run  # noqa: E402
-from pal.runtime import Runtime  # noqa: E402
-from pal.schema.migrate import upgrade  # noqa: E402
-from pal.steps import execute_step  # noqa: E402
+from pal.engine.runs import start_run  # noqa: E402
+from pal.engine.runtime import Runtime  # noqa: E402
+from pal.engine.steps import execute_step  # noqa: E402
+from pal.storage.database import create_engine, normalize_url  # noqa: E402
+from pal.storage.one_call import FunctionCall  # noqa: E402
+from pal.storage.schema.migrate import upgrade  # noqa: E402
 
 PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -382,7 +382,7 @@ def anatomy(infra: Infra, length: int, tmp: Path) -> list[tuple[str, StepCost]]:
     """Run one linear graph in this process (no broker), counting what each step does.
 
     Every SQL statement and COMMIT is one Postgres round trip (a pooled connection is pinged only
-    after 1 s idle, which a busy step loop never is), except a one-call statement (pal.autocommit):
+    after 1 s idle, which a busy step loop never is), except a one-call statement (pal.storage.one_call):
     one round trip that is its own commit, counted as a statement and a commit. The rows counted
     include the functions' marker rows. Publishing is recorded, not sent.
     """

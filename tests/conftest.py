@@ -19,8 +19,8 @@ import redis
 import sqlalchemy as sa
 
 from pal.config import Settings, load_settings
-from pal.database import create_engine, normalize_url
-from pal.schema.migrate import upgrade
+from pal.storage.database import create_engine, normalize_url
+from pal.storage.schema.migrate import upgrade
 from tests.support import tools  # noqa: F401  (registers the test tools in this process)
 
 REPO = Path(__file__).resolve().parent.parent

@@ -7,13 +7,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pal.config import Settings, load_settings
+from pal.engine.runs import start_run
 from pal.errors import PalError, StorageError
-from pal.journal import Event, RunRecord
-from pal.runs import start_run
+from pal.storage.journal import Event, RunRecord
 
 if TYPE_CHECKING:
-    from pal.interpreter import Handoff
-    from pal.waiting import PendingApproval
+    from pal.engine.waiting import PendingApproval
+    from pal.plan.interpreter import Handoff
 
 
 class RunTimeout(PalError):
@@ -81,7 +81,7 @@ class Client:
     def decide(self, run_id: str, step_id: str, decision: str, *, comment: str | None = None,
                by: str | None = None, expected_hash: str | None = None) -> Handoff:
         """Approve (`approved`) or reject (`rejected`) a waiting approval; Refused otherwise."""
-        from pal.waiting import decide
+        from pal.engine.waiting import decide
 
         return decide(self.runtime, run_id, step_id, decision, by=by or _user(), comment=comment,
                       expected_hash=expected_hash)
@@ -94,14 +94,14 @@ class Client:
 
     def pending_approvals(self, run_id: str) -> list[PendingApproval]:
         """Undecided approvals of the run and of its child runs, parents first."""
-        from pal.waiting import pending_approvals
+        from pal.engine.waiting import pending_approvals
 
         self.runtime.journal.get_run(run_id)  # RunNotFound for an unknown id
         return pending_approvals(self.runtime, run_id)
 
     def cancel(self, run_id: str, *, reason: str | None = None, by: str | None = None) -> list[str]:
         """Cancel the run and its unfinished descendants; returns the ids cancelled."""
-        from pal.waiting import cancel
+        from pal.engine.waiting import cancel
 
         return cancel(self.runtime, run_id, by=by or _user(), reason=reason)
 

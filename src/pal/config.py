@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pal.durations import parse_go_duration
+from pal.core.durations import parse_go_duration
 from pal.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -70,13 +70,13 @@ class Settings:
     smtp_url: str
     smtp_from: str
     delivery_timeout: float
-    egress_allow: tuple[str, ...] = ()  # PAL_EGRESS_ALLOW entries, normalized (pal.egress)
+    egress_allow: tuple[str, ...] = ()  # PAL_EGRESS_ALLOW entries, normalized (pal.core.egress)
     max_steps_per_run: int = DEFAULT_MAX_STEPS_PER_RUN
     max_child_runs: int = DEFAULT_MAX_CHILD_RUNS
     max_run_depth: int = DEFAULT_MAX_RUN_DEPTH
     max_runs_in_flight: int = DEFAULT_MAX_RUNS_IN_FLIGHT
     step_timeout: float = DEFAULT_STEP_TIMEOUT_SECONDS
-    secrets_file: str = ""  # PAL_SECRETS_FILE; pal.secrets reads the variable itself, at render time
+    secrets_file: str = ""  # PAL_SECRETS_FILE; pal.core.secrets reads the variable itself, at render time
 
     @property
     def is_embedded_broker(self) -> bool:
@@ -175,11 +175,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     PAL_STEP_TIMEOUT         a step's time limit when its node sets no timeoutMs (default 5m)
     PAL_EGRESS_ALLOW         non-public targets connector nodes may reach, comma-separated: host
                              names, IPs, CIDRs, each optionally :port, e.g. 127.0.0.1:8080,10.0.0.0/8
-                             (default none: only public addresses; see pal.egress)
+                             (default none: only public addresses; see pal.core.egress)
     PAL_SECRETS_FILE         JSON object of graph secrets, {"NAME": "value"}, read by the worker
-                             whenever a template renders {{ secrets.NAME }} (default none; pal.secrets)
+                             whenever a template renders {{ secrets.NAME }} (default none; pal.core.secrets)
     PAL_SECRET_<NAME>        the value of graph secret NAME, winning over the file; NAME matches
-                             [A-Z][A-Z0-9_]*, a value has at least 8 characters (pal.secrets)
+                             [A-Z][A-Z0-9_]*, a value has at least 8 characters (pal.core.secrets)
 
     API keys are read by the providers from OPENAI_API_KEY and ANTHROPIC_API_KEY, the SDKs' own
     names; they are never part of the settings, so they cannot reach the journal or a log line.
@@ -230,7 +230,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 
 def _egress_allow(raw: str) -> tuple[str, ...]:
     """PAL_EGRESS_ALLOW checked at startup (ConfigError naming a bad entry), kept normalized."""
-    from pal.egress import parse_allow_list
+    from pal.core.egress import parse_allow_list
 
     return tuple(entry.text for entry in parse_allow_list(raw))
 

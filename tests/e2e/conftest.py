@@ -6,9 +6,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pal.cli.demo import wait_until
 from pal.client import Client
-from pal.demo import wait_until
-from pal.steps import utcnow
+from pal.engine.steps import utcnow
 from tests.conftest import Backend
 from tests.support.api_server import Api, free_port
 from tests.support.processes import Processes

@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
+from pal.cli.demo import wait_until
 from pal.client import Client
-from pal.demo import wait_until
 from tests.conftest import Backend
 from tests.support.api_server import Api
 from tests.support.graphs import approval, linear

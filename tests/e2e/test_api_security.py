@@ -19,8 +19,8 @@ import markupsafe
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pal.demo import wait_until
-from pal.steps import utcnow
+from pal.cli.demo import wait_until
+from pal.engine.steps import utcnow
 from tests.support.api_server import Api, free_port
 from tests.support.processes import Processes
 

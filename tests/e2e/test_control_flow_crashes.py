@@ -10,8 +10,8 @@ from pathlib import Path
 
 import redis
 
+from pal.cli.demo import stop_process, wait_until
 from pal.client import Client
-from pal.demo import stop_process, wait_until
 from tests.conftest import Backend
 from tests.e2e.test_crash_recovery import assert_exactly_once
 from tests.support.graphs import approval, loop, parent_of, single

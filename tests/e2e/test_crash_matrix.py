@@ -30,7 +30,7 @@ import redis
 import sqlalchemy as sa
 
 from pal.client import Client
-from pal.faults import STEP_POINTS
+from pal.core.faults import STEP_POINTS
 from pal.nodes import idempotency_key
 from tests.conftest import REDIS_URL, Backend, fresh_schema, migrated_postgres_backend
 from tests.support.graphs import counted, edge, single

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from pal.cli.demo import wait_until
 from pal.client import Client
-from pal.demo import wait_until
-from pal.faults import STEP_POINTS
+from pal.core.faults import STEP_POINTS
 from tests.conftest import Backend
 from tests.support.graphs import linear
 from tests.support.processes import Processes

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
+from pal.cli.demo import wait_until
 from pal.client import Client
-from pal.demo import wait_until
 from tests.conftest import Backend
 from tests.support.api_server import free_port
 from tests.support.graphs import linear

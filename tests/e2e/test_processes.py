@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
+from pal.cli.demo import stop_process
 from pal.client import Client
-from pal.demo import stop_process
 from tests.conftest import REDIS_URL, REPO, Backend
 from tests.support.graphs import fan_out_in, linear
 from tests.support.tools import calls

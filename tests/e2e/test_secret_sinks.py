@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
+from pal.cli.demo import wait_until
 from pal.client import Client
-from pal.demo import wait_until
-from pal.steps import utcnow
+from pal.engine.steps import utcnow
 from tests.conftest import Backend
 from tests.support.api_server import free_port
 from tests.support.graphs import single

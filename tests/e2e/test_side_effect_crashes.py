@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from pal.client import Client
+from pal.engine.recovery import redrive
 from pal.nodes import idempotency_key
-from pal.recovery import redrive
 from tests.conftest import Backend
 from tests.support.graphs import email, single, webhook
 from tests.support.processes import Processes

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from pal.cli.demo import wait_until
 from pal.client import Client
-from pal.demo import wait_until
 from pal.errors import GraphError
-from pal.plans import parse_plan
+from pal.plan.programs import parse_plan
 from tests.conftest import Backend
 from tests.support.graphs import linear, single
 from tests.support.processes import Processes

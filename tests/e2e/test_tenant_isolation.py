@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from pal.demo import wait_until
+from pal.cli.demo import wait_until
 from tests.support.api_server import Api, free_port
 from tests.support.graphs import approval, single
 from tests.support.processes import Processes

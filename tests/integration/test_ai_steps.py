@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from pal.client import Client
+from pal.engine.recovery import redrive
+from pal.engine.steps import execute_step
 from pal.nodes import idempotency_key
-from pal.recovery import redrive
-from pal.steps import execute_step
 from tests.conftest import Backend
 from tests.support.graphs import single
 from tests.support.servers import FakeModelServer

@@ -12,9 +12,9 @@ import pytest
 import sqlalchemy as sa
 
 from pal.client import Client
-from pal.database import create_engine
 from pal.errors import GraphError, InputError
-from pal.schema import journal_events, run_locks, runs, side_effect_receipts
+from pal.storage.database import create_engine
+from pal.storage.schema import journal_events, run_locks, runs, side_effect_receipts
 from tests.conftest import Backend
 from tests.support.workers import in_process_worker
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from pal.client import Client
-from pal.runs import child_run_id
-from pal.schema import journal_events
-from pal.steps import execute_step, utcnow
-from pal.waiting import wake
+from pal.engine.runs import child_run_id
+from pal.engine.steps import execute_step, utcnow
+from pal.engine.waiting import wake
+from pal.storage.schema import journal_events
 from tests.support.graphs import parent_of, single
 from tests.support.tools import calls
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from pal.cli.demo import wait_until
 from pal.client import Client
-from pal.demo import wait_until
+from pal.engine.recovery import sweep
+from pal.engine.runs import child_run_id
+from pal.engine.steps import execute_step, utcnow
 from pal.errors import Refused
-from pal.journal import Event
 from pal.nodes.approval import approval_hash
-from pal.recovery import sweep
-from pal.runs import child_run_id
-from pal.steps import execute_step, utcnow
+from pal.storage.journal import Event
 from tests.support.graphs import approval, loop, parent_of, single
 from tests.support.tools import calls
 
@@ -139,7 +139,7 @@ def test_a_re_driven_subagent_step_finds_its_child(client: Client, counter: Path
     ctx = StepContext(run_id=run_id, step_id="sub", attempt=claim.attempt, input={}, services=client.runtime)
     first = client.runtime.start_child(ctx, child, {})
     assert execute_step(client.runtime, *sub).outcome == "duplicate"  # same attempt, same generation
-    from pal.recovery import redrive
+    from pal.engine.recovery import redrive
 
     recovery = redrive(client.runtime, run_id, require_expired=False)
     assert recovery is not None and recovery.resumed_steps == ("sub",)

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from pal.client import Client
+from pal.engine.steps import execute_step, utcnow
 from pal.nodes import idempotency_key
-from pal.steps import execute_step, utcnow
 from tests.support.graphs import email, webhook
 from tests.support.servers import SmtpReceiver, WebhookReceiver
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from pal.cli.demo import wait_until
 from pal.client import Client
-from pal.demo import wait_until
 from tests.conftest import REPO, Backend
 from tests.support.servers import SmtpReceiver, WebhookReceiver
 from tests.support.workers import in_process_worker

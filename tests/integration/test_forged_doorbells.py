@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pal.client import Client
-from pal.doorbell import sign
-from pal.schema import run_locks
-from pal.steps import execute_step
+from pal.core.doorbell import sign
+from pal.engine.steps import execute_step
+from pal.storage.schema import run_locks
 from pal.workers.app import EXECUTE_NODE
 from tests.conftest import Backend
 from tests.integration.test_doctor import event

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from pal.cli.demo import wait_until
 from pal.client import Client
-from pal.database import create_engine
-from pal.demo import wait_until
+from pal.storage.database import create_engine
 from tests.conftest import Backend
 from tests.support.graphs import approval, fan_out_in, flaky
 from tests.support.tools import calls

@@ -11,9 +11,9 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from pal.database import create_engine
-from pal.schema import metadata
-from pal.schema.migrate import current_revision, upgrade
+from pal.storage.database import create_engine
+from pal.storage.schema import metadata
+from pal.storage.schema.migrate import current_revision, upgrade
 from tests.conftest import Backend
 
 
@@ -39,7 +39,7 @@ def test_upgrade_head_equals_metadata(empty_url: str) -> None:
 def test_partial_unique_indexes_enforce_exactly_once(empty_url: str) -> None:
     from datetime import UTC, datetime
 
-    from pal.schema import journal_events, runs
+    from pal.storage.schema import journal_events, runs
 
     engine = create_engine(empty_url)
     upgrade(engine)

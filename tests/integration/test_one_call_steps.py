@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-import pal.database
-from pal.autocommit import FunctionCall
+import pal.storage.database
 from pal.client import Client
+from pal.engine.recovery import redrive
+from pal.engine.steps import execute_step, utcnow
 from pal.errors import LeaseLost
-from pal.recovery import redrive
-from pal.steps import execute_step, utcnow
+from pal.storage.one_call import FunctionCall
 from tests.conftest import Backend
 from tests.support.graphs import counted, edge, flaky, linear
 from tests.support.tools import calls
@@ -332,7 +332,7 @@ def test_the_first_one_call_after_an_idle_pooled_connection_runs(
     """A process opens its autocommit connection from the pool at its first one-call claim; a
     pooled connection that sat idle is pinged on checkout first, and the ping must not leave it
     inside a transaction (psycopg2 cannot switch to autocommit there)."""
-    monkeypatch.setattr(pal.database, "PING_AFTER_IDLE_SECONDS", 0.0)  # every checkout pings
+    monkeypatch.setattr(pal.storage.database, "PING_AFTER_IDLE_SECONDS", 0.0)  # every checkout pings
     a = Process(postgres_backend)
     try:
         run_id = a.client.start_run(linear(counter, 3), {})

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pal.client import Client
-from pal.recovery import redrive
-from pal.steps import execute_step, utcnow
+from pal.engine.recovery import redrive
+from pal.engine.steps import execute_step, utcnow
 from tests.conftest import Backend
 from tests.support.graphs import fan_out_in, linear
 from tests.support.tools import calls
@@ -149,7 +149,7 @@ def test_redrive_with_a_real_worker_finishes_the_run(backend: Backend, counter: 
 
 def test_resume_takes_an_idle_live_lease_but_never_a_busy_one(client: Client, outbox: list[Message],
                                                               counter: Path) -> None:
-    from pal.recovery import ResumeRefused, resume
+    from pal.engine.recovery import ResumeRefused, resume
 
     run_id = client.start_run(linear(counter, 1), {})
     deliver(client, outbox.pop(0))  # the trigger; s0's message is now in the outbox, lease live
@@ -171,7 +171,7 @@ def test_resume_takes_an_idle_live_lease_but_never_a_busy_one(client: Client, ou
 
 def test_resume_of_an_idle_run_fences_out_its_old_messages(client: Client, outbox: list[Message],
                                                            counter: Path) -> None:
-    from pal.recovery import resume
+    from pal.engine.recovery import resume
 
     run_id = client.start_run(linear(counter, 2), {})
     old = outbox.pop(0)  # as if the broker lost it... or still holds it

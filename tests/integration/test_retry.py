@@ -6,8 +6,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from pal.client import Client
-from pal.recovery import sweep
-from pal.steps import execute_step, utcnow
+from pal.engine.recovery import sweep
+from pal.engine.steps import execute_step, utcnow
 from tests.support.graphs import flaky
 from tests.support.tools import calls
 

@@ -12,10 +12,10 @@ import pytest
 import sqlalchemy as sa
 
 from pal.client import Client
-from pal.journal import Recovery
-from pal.recovery import RECOVERY_LEASE_SECONDS, ResumeRefused, redrive, resume, sweep
-from pal.schema import run_locks, runs
-from pal.steps import execute_step, utcnow
+from pal.engine.recovery import RECOVERY_LEASE_SECONDS, ResumeRefused, redrive, resume, sweep
+from pal.engine.steps import execute_step, utcnow
+from pal.storage.journal import Recovery
+from pal.storage.schema import run_locks, runs
 from tests.conftest import Backend
 from tests.support.graphs import linear, single
 from tests.support.tools import calls
@@ -121,7 +121,7 @@ def test_zombie_worker_is_fenced_out(client: Client, outbox: list[Message], coun
     stolen = redrive(client.runtime, run_id, require_expired=False)
     assert stolen is not None
     from pal.errors import LeaseLost
-    from pal.interpreter import Handoff
+    from pal.plan.interpreter import Handoff
 
     with pytest.raises(LeaseLost):
         journal.complete_step(run_id=run_id, step_id=step, attempt=1, generation=old_generation,

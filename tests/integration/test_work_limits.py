@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from pal.client import Client
+from pal.engine.steps import execute_step
 from pal.errors import QuotaExceeded
-from pal.steps import execute_step
 from tests.support.graphs import edge, linear, loop, parent_of, single
 
 Outbox = list[tuple[str, str, int]]

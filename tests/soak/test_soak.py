@@ -25,9 +25,9 @@ import pytest
 import redis
 import sqlalchemy as sa
 
+from pal.cli.demo import stop_process
 from pal.client import Client
-from pal.demo import stop_process
-from pal.durations import parse_go_duration
+from pal.core.durations import parse_go_duration
 from pal.nodes import idempotency_key
 from tests.conftest import Backend, fresh_schema, migrated_postgres_backend
 from tests.support.graphs import edge

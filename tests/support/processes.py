@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pal.demo import stop_process
+from pal.cli.demo import stop_process
 from tests.conftest import Backend
 
 LEASE_TTL = "2s"

@@ -10,7 +10,7 @@ import pytest
 
 from pal import config
 from pal.config import load_settings, recovery_interval
-from pal.durations import parse_go_duration
+from pal.core.durations import parse_go_duration
 from pal.errors import ConfigError
 
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from pal.errors import GraphError
-from pal.graph import parse_graph
-from pal.interpreter import GraphProgram
+from pal.plan.graph import parse_graph
+from pal.plan.interpreter import GraphProgram
 from tests.support.graphs import approval, edge, loop, parent_of, single
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pal.demo import demo_model, triage_graph
-from pal.graph import parse_graph
+from pal.cli.demo import demo_model, triage_graph
+from pal.plan.graph import parse_graph
 
 
 @pytest.mark.parametrize(("env", "expected"), [

@@ -1,4 +1,4 @@
-"""The egress guard (pal.egress) and the connector's and email's input checks, without traffic.
+"""The egress guard (pal.core.egress) and the connector's and email's input checks, without traffic.
 
 Address spellings are read by the C library's own parser (getaddrinfo with AI_NUMERICHOST, which
 never asks DNS) and `localhost` names are never sent to a resolver, so nothing here leaves the
@@ -15,13 +15,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pal import egress
 from pal.config import load_settings
-from pal.egress import EgressRefused, decide, parse_allow_entry, parse_allow_list, refusal_reason, resolve
+from pal.core import egress
+from pal.core.egress import (
+    EgressRefused,
+    decide,
+    parse_allow_entry,
+    parse_allow_list,
+    refusal_reason,
+    resolve,
+)
 from pal.errors import ConfigError, GraphError
-from pal.graph import parse_graph
 from pal.nodes.connector import FORBIDDEN_HEADERS, header_problem
 from pal.nodes.email import one_address
+from pal.plan.graph import parse_graph
 
 V4 = ipaddress.IPv4Address
 V6 = ipaddress.IPv6Address

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from pal.errors import GraphError
-from pal.graph import Graph, parse_graph
+from pal.plan.graph import Graph, parse_graph
 
 
 def trigger(node_id: str = "t") -> dict[str, Any]:

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pal import templates
 from pal.config import DEFAULT_MAX_JSON_DEPTH
+from pal.core import templates
+from pal.core.limits import json_depth
+from pal.engine.runs import check_run_input
 from pal.errors import GraphError, InputError, TemplateError
-from pal.interpreter import GraphProgram
-from pal.limits import json_depth
-from pal.plans import parse_plan
-from pal.runs import check_run_input
+from pal.plan.interpreter import GraphProgram
+from pal.plan.programs import parse_plan
 
 CONTEXT = {"input": {"name": "Ada", "text": "a\nb", "pattern": "{:>100000000}", "n": 3}, "nodes": {}}
 

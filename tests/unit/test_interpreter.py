@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pal import interpreter
-from pal.graph import Graph, parse_graph
+from pal.plan import interpreter
+from pal.plan.graph import Graph, parse_graph
 
 
 def build(nodes: dict[str, str], edges: list[tuple[str, str] | tuple[str, str, str]]) -> Graph:

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from pal.errors import GraphError
-from pal.llm_runs import parse_llm_spec
 from pal.nodes.llm_turn import conversation
+from pal.plan.llm import parse_llm_spec
 
 
 def turn(text: str = "", calls: int = 0) -> dict[str, Any]:

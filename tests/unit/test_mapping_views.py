@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pal import templates
-from pal.mapping_views import AsNodeOutputs, OnlyKeys, WithOne
+from pal.core import templates
+from pal.core.views import AsNodeOutputs, OnlyKeys, WithOne
 
 
 def test_only_keys_shows_the_allowed_keys_and_nothing_else() -> None:

@@ -1,4 +1,4 @@
-"""pal.redact: every credential shape PAL promises to remove is removed, in many generated variants,
+"""pal.core.redact: every credential shape PAL promises to remove is removed, in many generated variants,
 and ordinary text is left alone. The sinks are tested in tests/e2e/test_secret_sinks.py."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pal import redact as redact_module
-from pal.redact import REDACTED, add_secret_source, install_log_redaction, redact, redact_text
+from pal.core import redact as redact_module
+from pal.core.redact import REDACTED, add_secret_source, install_log_redaction, redact, redact_text
 
 # Credentials that look like credentials: long enough, no separators a URL or header would split on.
 CREDENTIAL = st.text(st.sampled_from("ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789"),

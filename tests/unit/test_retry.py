@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pal import retry
+from pal.core import retry
+from pal.core.retry import RetryPolicy, decide, error_class, parse_policy, policy_problems
 from pal.errors import DeliveryError, DeliveryInDoubt, DeliveryTimeout, ProviderError, ProviderTimeout
-from pal.retry import RetryPolicy, decide, error_class, parse_policy, policy_problems
 
 
 def test_default_policy_means_one_attempt_and_no_retry() -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from pal.engine.runs import RUN_ID, check_run_input, new_run_id
 from pal.errors import InputError
-from pal.runs import RUN_ID, check_run_input, new_run_id
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pal import redact, secrets, templates
+from pal.core import redact, secrets, templates
 from pal.errors import GraphError, TemplateError
-from pal.graph import parse_graph
+from pal.plan.graph import parse_graph
 
 TOKEN = "tok-5f3a9c1e77b2"
 OTHER = "pw-0a1b2c3d4e5f"
@@ -270,6 +270,6 @@ def test_scrub_known_uses_what_this_process_can_render(monkeypatch: pytest.Monke
 
 
 def test_redaction_knows_the_graph_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
-    """pal.secrets registers itself with pal.redact, which scrubs journal writes and log lines."""
+    """pal.core.secrets registers itself with pal.core.redact, which scrubs journal writes and log lines."""
     monkeypatch.setenv("PAL_SECRET_API_TOKEN", TOKEN)
     assert redact.redact_text(f"failed with {TOKEN}") == "failed with [secret:API_TOKEN]"

@@ -1,5 +1,5 @@
 """Template bombs, family by family, in many generated variants: each is refused with a TemplateError
-by the sandbox's allow-lists or its render budget (pal.limits, pal.template_sandbox), while the
+by the sandbox's allow-lists or its render budget (pal.core.limits, pal.core.template_sandbox), while the
 templates graphs really use still render.
 
 No test times anything. Each bomb, if it were not refused, would build a value of gigabytes or run
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pal import limits, templates
+from pal.core import limits, templates
 from pal.errors import TemplateError
 
 BIG = "x" * 500_000

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pal import templates
+from pal.core import templates
 from pal.errors import TemplateError
 
 CONTEXT: dict[str, Any] = {

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pal import limits
+from pal.core import limits
 from pal.errors import GraphError
-from pal.graph import load_graph_text, parse_graph
-from pal.plans import parse_plan
+from pal.plan.graph import load_graph_text, parse_graph
+from pal.plan.programs import parse_plan
 
 GRAPH_YAML = """\
 nodes:

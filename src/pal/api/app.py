@@ -1,5 +1,6 @@
-"""Routes under /v1. Each route calls the run services (pal.runs, pal.waiting, pal.recovery) or the
-journal's named reads; none writes SQL itself. Errors map to statuses with a JSON `detail`:
+"""Routes under /v1. Each route calls the run services (pal.engine.runs, pal.engine.waiting,
+pal.engine.recovery) or the journal's named reads; none writes SQL itself. Errors map to
+statuses with a JSON `detail`:
 400 NUL or a lone surrogate in the path or query, 401 no/invalid token, 403 a cookie-authenticated
 change that fails the CSRF checks, 404 no such run (or another tenant's), 409 refused in the run's
 state (or a run id that is not available), 413 a body over the cap, 422 invalid graph or input
@@ -29,7 +30,7 @@ from pal.api.headers import SecurityHeaders, add_docs
 from pal.api.limits import BodyLimit, UnstorableUrl, max_request_bytes, unstorable_problem
 from pal.api.notify import JournalNotifier
 from pal.config import Settings
-from pal.database import normalize_url
+from pal.engine.runtime import Runtime
 from pal.errors import (
     GraphError,
     InputError,
@@ -39,9 +40,9 @@ from pal.errors import (
     RunNotFound,
     StorageError,
 )
-from pal.journal import Event, RunRecord
-from pal.runtime import Runtime
-from pal.schema import IN_FLIGHT_STATUSES, TERMINAL_EVENT_KINDS, TERMINAL_STATUSES
+from pal.storage.database import normalize_url
+from pal.storage.journal import Event, RunRecord
+from pal.storage.schema import IN_FLIGHT_STATUSES, TERMINAL_EVENT_KINDS, TERMINAL_STATUSES
 
 STATUSES = (*IN_FLIGHT_STATUSES, "waiting", *TERMINAL_STATUSES)
 SSE_POLL_SECONDS = 0.2  # SQLite: how often a stream looks for new events
@@ -158,7 +159,7 @@ def create_api(settings: Settings, runtime: Runtime | None = None,
     @api.post("/v1/runs", status_code=201)
     def start(body: StartRun, caller: Auth) -> JSONResponse:
         """Start a run; with `run_id`, idempotent: the same id returns the existing run (200)."""
-        from pal.runs import start_run
+        from pal.engine.runs import start_run
 
         record, created = start_run(rt, body.graph, body.input, run_id=body.run_id,
                                     tenant_id=caller.tenant_id)
@@ -188,7 +189,7 @@ def create_api(settings: Settings, runtime: Runtime | None = None,
 
     @api.post("/v1/runs/{run_id}/cancel")
     def cancel(run_id: str, caller: Auth, body: Cancel | None = None) -> dict[str, Any]:
-        from pal.waiting import cancel as cancel_run
+        from pal.engine.waiting import cancel as cancel_run
 
         own_run(run_id, caller)
         return {"cancelled": cancel_run(rt, run_id, by=f"tenant:{caller.tenant_id}",
@@ -196,8 +197,8 @@ def create_api(settings: Settings, runtime: Runtime | None = None,
 
     @api.post("/v1/runs/{run_id}/resume")
     def resume(run_id: str, caller: Auth) -> dict[str, Any]:
-        from pal.recovery import ResumeRefused
-        from pal.recovery import resume as resume_run
+        from pal.engine.recovery import ResumeRefused
+        from pal.engine.recovery import resume as resume_run
 
         own_run(run_id, caller)
         try:
@@ -208,7 +209,7 @@ def create_api(settings: Settings, runtime: Runtime | None = None,
 
     def decide(run_id: str, step_id: str, decision: str, body: Decision | None,
                caller: Caller) -> dict[str, Any]:
-        from pal.waiting import decide as decide_step
+        from pal.engine.waiting import decide as decide_step
 
         own_run(run_id, caller)
         outcome = decide_step(rt, run_id, step_id, decision, by=f"tenant:{caller.tenant_id}",
@@ -227,7 +228,7 @@ def create_api(settings: Settings, runtime: Runtime | None = None,
     @api.get("/v1/runs/{run_id}/approvals")
     def run_approvals(run_id: str, caller: Auth) -> dict[str, Any]:
         """Pending approvals of the run and of its child runs (nested)."""
-        from pal.waiting import pending_approvals
+        from pal.engine.waiting import pending_approvals
 
         own_run(run_id, caller)
         return {"approvals": [p.as_dict() for p in pending_approvals(rt, run_id)]}
@@ -235,7 +236,7 @@ def create_api(settings: Settings, runtime: Runtime | None = None,
     @api.get("/v1/approvals")
     def approvals(caller: Auth, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> dict[str, Any]:
         """Every pending approval of the caller's tenant (each under the run that waits on it)."""
-        from pal.waiting import pending_approvals
+        from pal.engine.waiting import pending_approvals
 
         found: list[dict[str, Any]] = []
         for run in rt.journal.list_runs(tenant_id=caller.tenant_id, status="waiting", limit=limit):
@@ -246,7 +247,7 @@ def create_api(settings: Settings, runtime: Runtime | None = None,
     def waterfall(run_id: str, caller: Auth) -> dict[str, Any]:
         """The run waterfall: one row per step on a shared time axis (what the dashboard draws)."""
         from pal.api.waterfall import waterfall as build
-        from pal.steps import utcnow
+        from pal.engine.steps import utcnow
 
         run = own_run(run_id, caller)
         return build(run, rt.journal.events(run_id), utcnow())

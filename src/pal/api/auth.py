@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 
 from pal.api.csrf import HEADER, UNSAFE_METHODS, require_same_origin, session_token
-from pal.journal import Journal
+from pal.storage.journal import Journal
 
 
 @dataclass(frozen=True)

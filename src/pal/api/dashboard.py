@@ -19,8 +19,8 @@ from fastapi.staticfiles import StaticFiles
 
 from pal.api import csrf
 from pal.api.auth import COOKIE, presented_token, tenant_of
+from pal.engine.runtime import Runtime
 from pal.errors import RunNotFound
-from pal.runtime import Runtime
 
 HERE = Path(__file__).parent
 # autoescape=True, not select_autoescape: every template is HTML, whatever its file name.

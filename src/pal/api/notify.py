@@ -13,7 +13,7 @@ from collections import defaultdict
 import psycopg2
 import psycopg2.extensions
 
-from pal.database import normalize_url
+from pal.storage.database import normalize_url
 
 log = logging.getLogger(__name__)
 CHANNEL = "pal_journal"

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from pal.durations import parse_go_duration
+from pal.core.durations import parse_go_duration
 from pal.nodes.base import ANY, Field, NodeKind, Park, StepContext
 
 BRANCHES = ("approved", "rejected", "timeout")

@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from pal import retry, templates
-from pal.mapping_views import AsNodeOutputs
+from pal.core import retry, templates
+from pal.core.views import AsNodeOutputs
 
 if TYPE_CHECKING:
     from pal.providers import Provider
@@ -145,7 +145,7 @@ class Field:
 
 
 ANY = (str, dict, list, bool, int, float, type(None))
-COMMON_FIELDS = ("retry", "timeoutMs")  # every node kind accepts these (pal.retry, the step's time limit)
+COMMON_FIELDS = ("retry", "timeoutMs")  # every node kind accepts these (pal.core.retry, time limit)
 MAX_TIMEOUT_MS = 86_400_000  # a day: the longest time limit a node may ask for
 
 

@@ -6,7 +6,7 @@ connection or a 5xx leaves the outcome unknown (in doubt). `idempotentReceiver: 
 that the receiver de-duplicates by the key, which lets PAL re-send an unconfirmed delivery with the
 same key instead of failing it as in doubt.
 
-The graph names the URL, so the target passes the egress guard (pal.egress) before anything is
+The graph names the URL, so the target passes the egress guard (pal.core.egress) before anything is
 claimed: a refused target fails the step with code `egress_refused`, and nothing is sent
 (docs/side-effects.md).
 """
@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from pal import egress, templates
+from pal.core import egress, templates
 from pal.errors import DeliveryError, DeliveryOutcomeUnknown, DeliveryTimeout
 from pal.nodes.base import ANY, Field, NodeKind, StepContext
 from pal.nodes.delivery import deliver

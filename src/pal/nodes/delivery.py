@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from pal import faults
+from pal.core import faults
 from pal.errors import DeliveryError, DeliveryInDoubt
 from pal.nodes.base import StepContext
 

@@ -5,7 +5,7 @@ receiver that de-duplicates (`idempotentReceiver: true`) recognises a re-send. T
 PAL_SMTP_URL; the sender is `from` or PAL_SMTP_FROM.
 
 The SMTP server is the operator's PAL_SMTP_URL, trusted configuration that no graph field can
-change, so the egress guard (pal.egress) does not apply to it (docs/side-effects.md). What a graph
+change, so the egress guard (pal.core.egress) does not apply to it (docs/side-effects.md). What a graph
 does choose are the addresses: each `to` item must be exactly one address, so a comma, a semicolon
 or a CR/LF inside an item cannot add a recipient or a header.
 """

@@ -36,7 +36,7 @@ class Subagent(NodeKind):
             problems.append(f"onChildApproval must be one of {', '.join(CHILD_APPROVAL_MODES)}, not {mode!r}")
         graph = data.get("graph")
         if isinstance(graph, Mapping):
-            from pal.plans import plan_problems
+            from pal.plan.programs import plan_problems
 
             problems.extend(f"graph: {p}" for p in plan_problems(graph, known_tools))
         return problems

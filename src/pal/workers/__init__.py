@@ -7,7 +7,7 @@ from typing import Any
 from celery.signals import worker_process_init
 
 from pal.config import load_settings
-from pal.database import dispose_after_fork
+from pal.storage.database import dispose_after_fork
 from pal.workers.app import PalCelery, create_app
 
 

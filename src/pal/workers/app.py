@@ -10,9 +10,9 @@ from typing import Any
 from celery import Celery
 
 from pal.config import DEFAULT_VISIBILITY_TIMEOUT_SECONDS, Settings
-from pal.recovery import sweep_schedule
-from pal.redact import install_log_redaction
-from pal.runtime import Runtime
+from pal.core.redact import install_log_redaction
+from pal.engine.recovery import sweep_schedule
+from pal.engine.runtime import Runtime
 from pal.workers.node_messages import NodePublisher
 
 EXECUTE_NODE = "pal.execute_node"
@@ -63,7 +63,7 @@ DELIVERY_SETTINGS: dict[str, Any] = {
 
 
 def create_app(settings: Settings) -> PalCelery:
-    install_log_redaction()  # every process that runs or sends PAL's tasks (pal.redact)
+    install_log_redaction()  # every process that runs or sends PAL's tasks (pal.core.redact)
     app = PalCelery("pal", set_as_current=False)
     app.conf.update(DELIVERY_SETTINGS)
     app.conf.update(
@@ -92,7 +92,7 @@ def create_app(settings: Settings) -> PalCelery:
     batching = threading.local()  # the producer of this thread's open publish batch, if any
 
     def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0) -> None:
-        # Signed, so that a worker can tell PAL's doorbells from forged ones (pal.doorbell).
+        # Signed, so that a worker can tell PAL's doorbells from forged ones (pal.core.doorbell).
         args = [run_id, step_id, generation, app.runtime.doorbell_signature(run_id, step_id, generation)]
         if node_publisher is not None and countdown <= 0:
             node_publisher.publish(args)  # held if a batch is open
@@ -121,7 +121,7 @@ def create_app(settings: Settings) -> PalCelery:
                 batching.producer = None
 
     app.runtime = Runtime(settings, publish, publish_batch)
-    from pal.tasks import register_tasks
+    from pal.workers.tasks import register_tasks
 
     register_tasks(app)
     return app

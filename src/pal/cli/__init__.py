@@ -1,0 +1,1 @@
+"""The `pal` command (pal.cli.app), its progress rendering and the demo."""

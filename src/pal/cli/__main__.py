@@ -1,0 +1,5 @@
+"""`python -m pal.cli`: the `pal` command."""
+
+from pal.cli.app import main
+
+main()

@@ -1,0 +1,105 @@
+"""Human-readable rendering of journal events: live progress lines and the journal table."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from pal.storage.journal import Event, RunRecord
+
+_MARKS = {
+    "run_queued": "·", "step_started": "▶", "step_completed": "✓", "step_failed": "✗",
+    "run_succeeded": "■", "run_failed": "■", "run_cancelled": "■", "run_recovered": "↻",
+    "run_redelivered": "↻",
+    "step_retrying": "↺", "step_waiting": "…", "step_in_doubt": "?",
+}
+
+
+def short(value: Any, width: int = 70) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def describe(event: Event) -> str:
+    mark = _MARKS.get(event.kind, "•")
+    step = f" {event.step_id}" if event.step_id else ""
+    detail = ""
+    if event.kind == "step_completed":
+        detail = " → " + short(event.payload.get("output"))
+    elif event.kind in ("step_failed", "run_failed"):
+        detail = " " + short(event.payload.get("error"))
+    elif event.kind == "run_succeeded":
+        detail = " output " + short(event.payload.get("output"))
+    elif event.kind == "run_recovered":
+        detail = f" generation {event.payload.get('generation')}"
+    elif event.kind == "run_redelivered":
+        detail = f" unclaimed, sent again: {', '.join(event.payload.get('steps', []))}"
+    elif event.kind == "step_retrying":
+        error = event.payload.get("error") or {}
+        detail = (f" attempt {event.payload.get('attempt')} of {event.payload.get('of')} failed: "
+                  + short(error.get("message"), 50))
+    elif event.kind == "step_in_doubt":
+        detail = f" {event.payload.get('effect_kind')} to {event.payload.get('target')} never confirmed"
+    return f"{mark} {event.kind}{step}{detail}"
+
+
+def follow(
+    fetch_events: Callable[[int], list[Event]],
+    fetch_run: Callable[[], RunRecord],
+    emit: Callable[[Event], None],
+    *,
+    timeout: float,
+    poll: float = 0.1,
+) -> RunRecord | None:
+    """Emit each new event until the run is terminal; None if `timeout` passes first."""
+    deadline = time.monotonic() + timeout
+    last = 0
+    while True:
+        for event in fetch_events(last):
+            emit(event)
+            last = event.seq
+        run = fetch_run()
+        if run.terminal:
+            for event in fetch_events(last):
+                emit(event)
+            return run
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(poll)
+
+
+def journal_table(events: Iterable[Event], title: str) -> Table:
+    table = Table(title=title, show_lines=False)
+    for column in ("seq", "kind", "step_id", "attempt", "gen", "at", "payload"):
+        table.add_column(column, overflow="fold")
+    for e in events:
+        table.add_row(str(e.seq), e.kind, e.step_id or "", str(e.attempt or ""),
+                      str(e.generation), e.created_at.strftime("%H:%M:%S.%f")[:-3],
+                      short(e.payload, 60))
+    return table
+
+
+def runs_table(runs: Iterable[RunRecord]) -> Table:
+    table = Table(title="runs")
+    for column in ("id", "status", "created", "duration", "output / error"):
+        table.add_column(column, overflow="fold")
+    for r in runs:
+        duration = ""
+        if r.finished_at is not None:
+            duration = f"{(r.finished_at - r.created_at).total_seconds():.2f}s"
+        table.add_row(r.id, r.status, r.created_at.strftime("%Y-%m-%d %H:%M:%S"), duration,
+                      short(r.output if r.status == "succeeded" else r.error, 50))
+    return table
+
+
+def console() -> Console:
+    # Journal tables are wide; a pipe or CI log gets 140 columns rather than 80.
+    wide = None if sys.stdout.isatty() else 140
+    # markup=False: journal payloads are user data; "[scripted-1]" must print, not style.
+    return Console(highlight=False, width=wide, markup=False)

@@ -1,0 +1,190 @@
+"""The orphan sweep and re-drive (the specification's "Recovery sweep (shared tier)").
+
+Every PAL_RECOVERY_INTERVAL celery beat sends `pal.sweep_orphans`. A pass finds at most 20 runs that
+are queued or running with a missing or expired lease, steals each lease with one UPSERT (fresh
+10-minute TTL, generation + 1; an unexpired lease is never stolen, so only one sweeper wins), journals
+`run_recovered {generation, resumed_steps}` and publishes the first incomplete steps. Messages of the
+old generation are then dropped at their claim, and a zombie worker is fenced out of the journal.
+
+Until a worker claims one of the re-driven steps, the pass also re-sends their messages (same
+generation, `run_redelivered`) after PAL_LEASE_TTL + PAL_RECOVERY_INTERVAL, then at doubling
+intervals: messages lost after a steal (a Redis flush, a claim refused while Postgres restarted)
+cost seconds, not the 10-minute recovery lease.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pal.config import Settings
+from pal.engine.runtime import Runtime
+from pal.engine.steps import utcnow
+from pal.errors import LeaseBusy, PalError
+from pal.storage.journal import Recovery, RunRecord
+
+log = logging.getLogger(__name__)
+
+SWEEP_BATCH = 20  # runs per pass, as the specification says
+RECOVERY_LEASE_SECONDS = 600.0  # the stolen lease's TTL: a fresh 10 minutes
+SWEEP_TASK = "pal.sweep_orphans"
+
+
+class ResumeRefused(PalError):
+    """The run cannot be resumed now."""
+
+
+@dataclass
+class SweepReport:
+    found: int = 0
+    recovered: dict[str, Recovery] = field(default_factory=dict)
+    woken: dict[str, int] = field(default_factory=dict)  # parked runs looked at: steps resumed
+    redelivered: dict[str, Recovery] = field(default_factory=dict)  # recoveries sent again
+
+
+def sweep_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The celery beat entry of the orphan sweep (declared in beat_schedule.py)."""
+    return {
+        "pal-sweep-orphans": {
+            "task": SWEEP_TASK,
+            "schedule": settings.recovery_interval,
+            # A pass older than one interval is pointless: the next one is already due.
+            "options": {"queue": settings.queue, "expires": settings.recovery_interval},
+        }
+    }
+
+
+def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True, allow_idle: bool = False,
+            lease_ttl: float = RECOVERY_LEASE_SECONDS, now: datetime | None = None) -> Recovery | None:
+    """Take over the run's lease and dispatch its first incomplete steps (a replay).
+
+    A finished run, or one whose lease is still live (when `require_expired`), is left alone.
+    """
+
+    recovery = rt.journal.recover_run(
+        run_id=run_id, worker_id=f"recovery:{rt.worker_id}", now=now or utcnow(),
+        lease_ttl=lease_ttl, plan=_replay_plan(rt), require_expired=require_expired,
+        allow_idle=allow_idle, redeliver_after=redelivery_gap(rt.settings),
+    )
+    if recovery is not None:
+        _publish(rt, run_id, recovery)
+    return recovery
+
+
+def redelivery_gap(settings: Settings) -> float:
+    """The first wait before a recovery's unclaimed messages are sent again: a lease's length plus
+    one sweep period, time enough for an idle worker to claim a message that is not lost."""
+    return settings.lease_ttl + settings.recovery_interval
+
+
+def _replay_plan(rt: Runtime) -> Callable[[RunRecord, Mapping[str, Any]], tuple[str, ...]]:
+    def plan(run: RunRecord, completed: Mapping[str, Any]) -> tuple[str, ...]:
+        return rt.program_of(run).redrive_steps(completed)
+
+    return plan
+
+
+def _publish(rt: Runtime, run_id: str, recovery: Recovery) -> None:
+    for step_id in recovery.resumed_steps:
+        rt.publish(run_id, step_id, recovery.generation)
+
+
+def sweep(rt: Runtime, now: datetime | None = None) -> SweepReport:
+    """One pass of the orphan sweep."""
+    now = now or utcnow()
+    report = SweepReport()
+    orphans = rt.journal.orphaned_runs(now=now, limit=SWEEP_BATCH)
+    report.found = len(orphans)
+    # The pass's messages go out together at its end: one broker round trip instead of two per
+    # message. Each is published only after its run's recovery committed, as before; a pass that
+    # dies first leaves them to the redelivery below (redeliver_at).
+    with rt.publish_batch():
+        _redrive_all(rt, orphans, now, report)
+        _redeliver_all(rt, now, report)
+    from pal.engine.waiting import wake
+
+    for run_id in rt.journal.due_waiting_runs(now=now, limit=SWEEP_BATCH):
+        try:
+            report.woken[run_id] = wake(rt, run_id, now=now)
+        except PalError:
+            log.exception("sweep: waking parked run %s failed; the next pass retries", run_id)
+    return report
+
+
+def _redrive_all(rt: Runtime, orphans: list[str], now: datetime, report: SweepReport) -> None:
+    """Re-drive the orphans in one transaction; run by run if the batch fails as a whole (one run
+    whose plan cannot be made must not hold up the others)."""
+    if not orphans:
+        return
+    try:
+        recoveries = rt.journal.recover_orphans(
+            run_ids=orphans, worker_id=f"recovery:{rt.worker_id}", now=now,
+            lease_ttl=RECOVERY_LEASE_SECONDS, plan=_replay_plan(rt),
+            redeliver_after=redelivery_gap(rt.settings))
+    except PalError:
+        log.warning("sweep: re-driving %d orphans together failed; one by one", len(orphans),
+                    exc_info=True)
+        _redrive_one_by_one(rt, orphans, now, report)
+        return
+    for run_id, recovery in recoveries.items():
+        _publish(rt, run_id, recovery)
+        _recovered(report, run_id, recovery)
+
+
+def _recovered(report: SweepReport, run_id: str, recovery: Recovery) -> None:
+    report.recovered[run_id] = recovery
+    log.info("sweep: run %s re-driven at generation %d: %s", run_id,
+             recovery.generation, ", ".join(recovery.resumed_steps) or "nothing to resume")
+
+
+def _redrive_one_by_one(rt: Runtime, orphans: list[str], now: datetime, report: SweepReport) -> None:
+    for run_id in orphans:
+        try:
+            recovery = redrive(rt, run_id, now=now)
+        except PalError:
+            log.exception("sweep: re-drive of run %s failed; the next pass retries", run_id)
+            continue
+        if recovery is not None:
+            _recovered(report, run_id, recovery)
+
+
+def _redeliver_all(rt: Runtime, now: datetime, report: SweepReport) -> None:
+    for run_id in rt.journal.redeliverable_runs(now=now, limit=SWEEP_BATCH):
+        try:
+            again = rt.journal.redeliver(run_id=run_id, now=now, min_gap=redelivery_gap(rt.settings),
+                                         plan=_replay_plan(rt))
+        except PalError:
+            log.exception("sweep: redelivery of run %s failed; the next pass retries", run_id)
+            continue
+        if again is not None:
+            _publish(rt, run_id, again)
+            report.redelivered[run_id] = again
+            log.info("sweep: run %s: no claim since its recovery, sent again: %s", run_id,
+                     ", ".join(again.resumed_steps))
+
+
+def resume(rt: Runtime, run_id: str, now: datetime | None = None) -> Recovery:
+    """An operator's resume: re-drive a run now instead of waiting for the sweep.
+
+    Takes over a lease that has expired, or a live lease under which no step is running (the run
+    only waits for messages, which may be lost: after a Redis flush, a stolen 10-minute lease would
+    otherwise hold the run that long). Refuses a terminal run, a waiting run, and a run with a step
+    running under a live lease, since taking that over could run the step twice.
+    """
+    now = now or utcnow()
+    run = rt.journal.get_run(run_id)
+    if run.terminal:
+        raise ResumeRefused(f"run {run_id} is {run.status}; there is nothing to resume")
+    if run.status not in ("queued", "running"):
+        raise ResumeRefused(f"run {run_id} is {run.status}; only queued or running runs resume")
+    try:
+        recovery = redrive(rt, run_id, allow_idle=True, now=now)
+    except LeaseBusy as exc:
+        raise ResumeRefused(f"{exc}; its lease is live. Wait for the step to finish, or for the "
+                            "lease to lapse if its worker died") from exc
+    if recovery is None:
+        raise ResumeRefused(f"run {run_id} finished or was taken over by another process just now")
+    return recovery

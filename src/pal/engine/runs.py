@@ -1,0 +1,113 @@
+"""Starting and re-driving runs: validate everything first, then one transaction, then publish."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from typing import Any
+
+from pal.config import DEFAULT_MAX_JSON_DEPTH
+from pal.core.limits import depth_problem
+from pal.engine.runtime import Runtime
+from pal.engine.steps import utcnow
+from pal.errors import InputError, WorkLimitExceeded
+from pal.plan.programs import parse_plan
+from pal.storage.journal import RunRecord
+from pal.tools import registered_tools
+
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
+CHILD_PREFIX = "child_"  # derived ids of child runs; no caller may choose one (docs/security.md)
+
+
+def new_run_id() -> str:
+    return f"run_{uuid.uuid4().hex}"
+
+
+def check_run_input(run_input: Any, max_bytes: int, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Any:
+    """The input as it will be stored; InputError when it is not JSON, too large or too deep."""
+    problem = depth_problem(run_input, max_depth, "run input")
+    if problem:
+        raise InputError(problem)
+    try:
+        text = json.dumps(run_input, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"run input must be JSON: {exc}") from exc
+    if len(text.encode()) > max_bytes:
+        raise InputError(f"run input is {len(text.encode())} bytes, over the limit of "
+                         f"{max_bytes} (PAL_MAX_INPUT_BYTES)")
+    return json.loads(text)
+
+
+def start_run(
+    rt: Runtime,
+    graph: Any,
+    run_input: Any = None,
+    *,
+    run_id: str | None = None,
+    tenant_id: str | None = None,
+) -> tuple[RunRecord, bool]:
+    """Validate, create the run (idempotent on `run_id`) and publish its first step.
+
+    `graph` is a graph document, or a plain-LLM spec (`{"kind": "llm", ...}`). Returns the run and
+    whether this call created it. Nothing is written for invalid input.
+    """
+    settings = rt.settings
+    if run_id is not None and (not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id)):
+        raise InputError(f"run id {run_id!r} is invalid: 1-128 letters, digits, _ . : - "
+                         "starting with a letter or digit")
+    if run_id is not None and run_id.lower().startswith(CHILD_PREFIX):
+        raise InputError(f"run ids starting with {CHILD_PREFIX!r} are reserved for subagents' child runs")
+    run_input = check_run_input(run_input, settings.max_input_bytes, settings.max_json_depth)
+    plan = parse_plan(graph, known_tools=registered_tools(), max_bytes=settings.max_graph_bytes,
+                      max_depth=settings.max_json_depth)
+    record, created = rt.journal.create_run(
+        run_id=run_id or new_run_id(), tenant_id=tenant_id or settings.tenant, kind=plan.kind,
+        graph=plan.document, graph_hash=plan.hash, run_input=run_input, now=utcnow(),
+        lease_ttl=settings.lease_ttl, max_in_flight=settings.max_runs_in_flight,
+    )
+    if created:
+        rt.publish(record.id, plan.program.first_step, 1)
+    return record, created
+
+
+def child_run_id(parent_run_id: str, step_id: str, attempt: int) -> str:
+    """The child run of a subagent step attempt: the same id every time the parent asks again."""
+    digest = hashlib.sha256(f"{parent_run_id}|{step_id}|{attempt}".encode()).hexdigest()
+    return f"{CHILD_PREFIX}{digest[:40]}"
+
+
+def start_child_run(rt: Runtime, parent_run_id: str, step_id: str, attempt: int, document: Any,
+                    child_input: Any) -> str:
+    """Create (or find) the child run of a subagent step and publish its first step."""
+    parent = rt.journal.get_run(parent_run_id)
+    child_id = child_run_id(parent_run_id, step_id, attempt)
+    if not rt.journal.run_exists(child_id):  # a re-driven parent asking again is not new work
+        _check_room_for_a_child(rt, parent)
+    child_input = check_run_input(child_input, rt.settings.max_input_bytes, rt.settings.max_json_depth)
+    plan = parse_plan(document, known_tools=registered_tools(), max_bytes=rt.settings.max_graph_bytes,
+                      max_depth=rt.settings.max_json_depth)
+    record, created = rt.journal.create_run(
+        run_id=child_id, tenant_id=parent.tenant_id, kind=plan.kind,
+        graph=plan.document, graph_hash=plan.hash, run_input=child_input, now=utcnow(),
+        lease_ttl=rt.settings.lease_ttl, parent_run_id=parent_run_id, parent_step_id=step_id,
+    )
+    if created:
+        rt.publish(record.id, plan.program.first_step, 1)
+    return record.id
+
+
+def _check_room_for_a_child(rt: Runtime, parent: RunRecord) -> None:
+    """WorkLimitExceeded when a new child of `parent` would nest deeper than PAL_MAX_RUN_DEPTH or
+    put more than PAL_MAX_CHILD_RUNS under its top-level run. Concurrent creations in one tree may
+    overshoot the count by the number of them in flight at once (docs/security.md)."""
+    ancestors = rt.journal.ancestors(parent.id)
+    if len(ancestors) + 1 > rt.settings.max_run_depth:
+        raise WorkLimitExceeded(f"a child of run {parent.id} would be nested {len(ancestors) + 1} deep, "
+                                f"deeper than PAL_MAX_RUN_DEPTH allows ({rt.settings.max_run_depth})")
+    root = ancestors[-1] if ancestors else parent.id
+    existing = rt.journal.descendant_count(root)
+    if existing >= rt.settings.max_child_runs:
+        raise WorkLimitExceeded(f"run {root} already has {existing} child runs, the most "
+                                f"PAL_MAX_CHILD_RUNS allows ({rt.settings.max_child_runs})")

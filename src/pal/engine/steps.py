@@ -1,0 +1,257 @@
+"""The step protocol (DESIGN.md): claim, run with heartbeat, complete and hand off, publish.
+
+Transport-agnostic: the Celery task `pal.execute_node` calls `execute_step`, and so can a test.
+A node that fails is retried by its `retry` policy (a pure decision in pal.core.retry): the journal
+gets `step_retrying` and the next attempt is published with a countdown, so a backoff never
+blocks a worker process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from pal.config import Settings
+from pal.core import faults, retry
+from pal.core.limits import depth_problem
+from pal.core.redact import redact, redact_text
+from pal.core.secrets import scrub_known
+from pal.engine.heartbeat import LeaseGone, TimeLimitReached
+from pal.engine.runtime import Runtime
+from pal.errors import (
+    LeaseLost,
+    OutputTooLarge,
+    PalError,
+    StepError,
+    StepTimeout,
+    StorageError,
+    WorkLimitExceeded,
+)
+from pal.nodes import NodeResult, StepContext, idempotency_key
+from pal.nodes.base import Park, Receipt
+from pal.plan.interpreter import Program
+from pal.storage.journal import ClaimOutcome, RunRecord
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    outcome: str  # a ClaimOutcome value, or "completed" / "failed" / "retrying" / "fenced"
+    dispatched: tuple[str, ...] = ()
+    finished: bool = False
+
+
+class JournalReceipts:
+    """The ReceiptBook of one step attempt: side_effect_receipts rows keyed by its idempotency key."""
+
+    def __init__(self, rt: Runtime, ctx_key: str, run_id: str, step_id: str, attempt: int,
+                 generation: int) -> None:
+        self._rt, self._key = rt, ctx_key
+        self._run_id, self._step_id, self._attempt, self._generation = run_id, step_id, attempt, generation
+
+    # What a receipt records is redacted (pal.core.redact): a target URL may carry credentials.
+    def claim(self, effect_kind: str, target: str) -> Receipt:
+        return self._rt.journal.claim_receipt(
+            key=self._key, run_id=self._run_id, step_id=self._step_id, attempt=self._attempt,
+            effect_kind=effect_kind, target=redact_text(target), generation=self._generation,
+            worker_id=self._rt.worker_id, now=utcnow(), lease_ttl=self._rt.settings.lease_ttl)
+
+    def settle(self, status: str, response: Any) -> None:
+        if status != "delivered":  # an error's text; a delivered response is the step's own data
+            response = redact(response)
+        self._rt.journal.settle_receipt(key=self._key, status=status, response=response, now=utcnow())
+
+    def in_doubt(self, detail: Any) -> None:
+        self._rt.journal.mark_in_doubt(
+            run_id=self._run_id, step_id=self._step_id, attempt=self._attempt,
+            generation=self._generation, detail=redact(detail), worker_id=self._rt.worker_id, now=utcnow(),
+            lease_ttl=self._rt.settings.lease_ttl)
+
+
+def error_of(exc: BaseException) -> dict[str, Any]:
+    """How a failure is journaled: type, message (redacted: pal.core.redact), code and retry class."""
+    return {"type": type(exc).__name__, "message": redact_text(str(exc)[:4000]),
+            "code": exc.code if isinstance(exc, StepError) else "step_failed",
+            "class": retry.error_class(exc)}
+
+
+def _check_output(output: Any, settings: Settings) -> None:
+    """A non-JSON, oversized or too deeply nested output fails the step here, not the journal later."""
+    problem = depth_problem(output, settings.max_json_depth, "the step's output")
+    if problem:
+        raise OutputTooLarge(problem)
+    size = len(json.dumps(output).encode())
+    if size > settings.max_output_bytes:
+        raise OutputTooLarge(f"the step's output is {size} bytes, over the limit of "
+                             f"{settings.max_output_bytes} (PAL_MAX_OUTPUT_BYTES)")
+
+
+def step_time_limit(data: Mapping[str, Any], settings: Settings) -> float:
+    """The step's time limit in seconds: its node's `timeoutMs`, else PAL_STEP_TIMEOUT."""
+    timeout_ms = data.get("timeoutMs")
+    return timeout_ms / 1000 if isinstance(timeout_ms, int) and timeout_ms > 0 else settings.step_timeout
+
+
+def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> StepResult:
+    """Run one step of one run, exactly as one `pal.execute_node` message asks."""
+    settings, journal, worker_id = rt.settings, rt.journal, rt.worker_id
+    claim = _once_more_if_disconnected(lambda: journal.claim_step(
+        run_id=run_id, step_id=step_id, generation=generation, worker_id=worker_id, now=utcnow(),
+        lease_ttl=settings.lease_ttl,
+        ready=lambda run, completed: rt.program_of(run).is_ready(completed, step_id)))
+    if claim.outcome is ClaimOutcome.BACKOFF:
+        # A re-drive reached a step that is waiting out its backoff: ring again when it is due
+        # (a long wait is left to the sweep, at the lease's end).
+        if retry.backoff_lease(claim.wait_s, settings.lease_ttl)[1]:
+            rt.publish(run_id, step_id, generation, countdown=claim.wait_s)
+        return StepResult(claim.outcome.value)
+    if claim.outcome is not ClaimOutcome.RUN or claim.run is None:
+        log.info("run %s step %s gen %d: %s, nothing to do", run_id, step_id, generation,
+                 claim.outcome.value)
+        return StepResult(claim.outcome.value)
+    faults.point("after_claim_commit", step_id, run_id)
+    program = rt.program_of(claim.run)
+    receipts = JournalReceipts(rt, idempotency_key(run_id, step_id, claim.attempt), run_id, step_id,
+                               claim.attempt, generation)
+    policy = retry.RetryPolicy()
+    try:
+        if len(claim.completed or ()) >= settings.max_steps_per_run:
+            raise WorkLimitExceeded(f"the run has completed {len(claim.completed or ())} steps, the most "
+                                    f"PAL_MAX_STEPS_PER_RUN allows ({settings.max_steps_per_run})")
+        node = program.node(step_id)
+        outputs, loop = program.view(step_id, claim.completed or {})
+        ctx = StepContext(run_id=run_id, step_id=step_id, attempt=claim.attempt, input=claim.run.input,
+                          outputs=outputs, services=rt, receipts=receipts, started_at=utcnow(), loop=loop)
+        policy = retry.parse_policy(node.data.get("retry"))
+        limit_s = step_time_limit(node.data, settings)
+        with rt.leases.holding(run_id, generation, limit_s):
+            faults.point("before_effect", step_id, run_id)
+            result = node.kind.execute(node.data, ctx)
+            faults.point("after_effect", step_id, run_id)
+            if not isinstance(result, NodeResult | Park):
+                result = NodeResult(result)
+            if isinstance(result, NodeResult):
+                _check_output(result.output, settings)
+                if rt.uses_secrets(claim.run):  # a secret the step rendered and echoed is not journaled
+                    result = NodeResult(scrub_known(result.output), result.usage)
+            elif rt.uses_secrets(claim.run):
+                result = Park(scrub_known(result.payload), result.wake_at)
+    except (LeaseLost, LeaseGone):
+        log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
+        return StepResult("fenced")
+    except TimeLimitReached:
+        exc = StepTimeout(f"the step ran past its time limit of {limit_s:g}s and was stopped")
+        return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy, claim.run.parent_run_id)
+    except Exception as exc:  # a node's failure is data for the journal, not a worker crash
+        if isinstance(exc, TypeError | ValueError) and "JSON" in str(exc):
+            exc = PalError(f"step {step_id!r} returned a value that is not JSON: {exc}")
+        return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy, claim.run.parent_run_id)
+    if isinstance(result, Park):
+        # Outside the node's failure handling: a journal error here is not the node's failure (a
+        # retry would start a second child); the lease lapses and a re-drive parks the same attempt.
+        return _park(rt, claim.run, step_id, claim.attempt, generation, result, program)
+    try:
+        handoff = _once_more_if_disconnected(lambda: journal.complete_step(
+            run_id=run_id, step_id=step_id, attempt=claim.attempt, generation=generation,
+            output=result.output, worker_id=worker_id, now=utcnow(), lease_ttl=settings.lease_ttl,
+            plan=lambda completed: program.handoff(completed, step_id), usage=result.usage,
+            frontier=program.redrive_steps,
+        ))
+    except LeaseLost:
+        log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
+        return StepResult("fenced")
+    # Publish only after the commit: a crash here leaves a lease that expires and the sweep
+    # re-drives the successors.
+    faults.point("after_complete_commit", step_id, run_id)
+    for successor in handoff.dispatch:
+        faults.point("before_publish", step_id, run_id)
+        rt.publish(run_id, successor, generation)
+    if handoff.finished:
+        _wake_parent(rt, claim.run.parent_run_id)
+    return StepResult("completed", handoff.dispatch, handoff.finished)
+
+
+def _once_more_if_disconnected(operation: Callable[[], T]) -> T:
+    """Run a claim or a completion; once more if the connection it used had died (a Postgres
+    restart), on the fresh connection the pool now has. Safe even if the first try committed
+    before the connection dropped: the claim then finds its own step_started (a duplicate: the
+    lease lapses and the sweep re-drives), the completion its own step_completed (nothing to hand
+    off: the same)."""
+    try:
+        return operation()
+    except StorageError as exc:
+        if not exc.disconnected:
+            raise
+        log.warning("journal connection lost (%s); trying once more", exc)
+        return operation()
+
+
+def _park(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: int, park: Park,
+          program: Program) -> StepResult:
+    """Journal `step_waiting` and, when nothing else is in flight, park the run."""
+    try:
+        parked = rt.journal.park_step(
+            run_id=run.id, step_id=step_id, attempt=attempt, generation=generation,
+            payload=park.payload, wake_at=park.wake_at, worker_id=rt.worker_id, now=utcnow(),
+            lease_ttl=rt.settings.lease_ttl, frontier=program.redrive_steps)
+    except LeaseLost:
+        log.warning("run %s step %s: fenced out (generation %d)", run.id, step_id, generation)
+        return StepResult("fenced")
+    except PalError:
+        log.exception("run %s step %s: could not park; the sweep re-drives it", run.id, step_id)
+        return StepResult("park_failed")
+    if park.payload.get("child_run_id"):
+        # The child may already have finished before the park committed: look once now.
+        _wake_parent(rt, run.id)
+    if parked:
+        _wake_parent(rt, run.parent_run_id)  # it may act on a paused child (onChildApproval: fail)
+    log.info("run %s step %s waiting%s", run.id, step_id, "; run parked" if parked else "")
+    return StepResult("waiting")
+
+
+def _wake_parent(rt: Runtime, parent_run_id: str | None) -> None:
+    if parent_run_id is None:
+        return
+    from pal.engine.waiting import wake_quietly
+
+    wake_quietly(rt, parent_run_id)
+
+
+def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: int,
+            exc: BaseException, policy: retry.RetryPolicy, parent_run_id: str | None) -> StepResult:
+    """Retry the step when its policy says so, else fail it (and the run)."""
+    settings, journal = rt.settings, rt.journal
+    error = error_of(exc)
+    decision = retry.decide(policy, attempt, error["class"])
+    if decision.retry:
+        kept = journal.retry_step(
+            run_id=run_id, step_id=step_id, attempt=attempt, of=policy.max_attempts,
+            generation=generation, error=error, backoff_s=decision.backoff_s,
+            worker_id=rt.worker_id, now=utcnow(), lease_ttl=settings.lease_ttl)
+        if not kept:
+            return StepResult("fenced")
+        faults.point("after_retry_commit", step_id, run_id)
+        log.info("run %s step %s: %s; attempt %d in %.3gs", run_id, step_id, decision.reason,
+                 decision.next_attempt, decision.backoff_s)
+        if retry.backoff_lease(decision.backoff_s, settings.lease_ttl)[1]:
+            rt.publish(run_id, step_id, generation, countdown=decision.backoff_s)
+        return StepResult("retrying", (step_id,))
+    if policy.max_attempts > 1:
+        error["retry"] = decision.reason
+    failed = journal.fail_step(run_id=run_id, step_id=step_id, attempt=attempt,
+                               generation=generation, error=error,
+                               worker_id=rt.worker_id, now=utcnow(), lease_ttl=settings.lease_ttl)
+    log.info("run %s step %s failed: %s", run_id, step_id, exc)
+    if failed:
+        _wake_parent(rt, parent_run_id)
+    return StepResult("failed" if failed else "fenced", finished=failed)

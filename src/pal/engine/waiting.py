@@ -1,0 +1,225 @@
+"""Durable waits: approval decisions, children waking their parents, expiries, cancellation.
+
+A parked step (`step_waiting`) is resumed only here, each time in one journal transaction
+(`Journal.resume_waiting`), after which the successors are published under the generation it
+returns. A parked run holds no lease and no worker; its lock row is a wake-up timer the sweep
+honours (an approval's expiry, a finished child, a periodic re-check), so a lost wake-up message
+costs time, never the run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from pal.core import faults
+from pal.engine.runtime import Runtime
+from pal.engine.steps import utcnow
+from pal.errors import PalError, Refused, StepError
+from pal.plan.interpreter import GraphProgram, Handoff, Program
+from pal.storage.journal import WAIT_RECHECK_SECONDS, RunRecord
+
+log = logging.getLogger(__name__)
+
+DECISIONS = ("approved", "rejected")
+
+
+class ChildRunFailed(StepError):
+    """The child run of a subagent step did not succeed."""
+
+    code = "child_run_failed"
+    error_class = "tool"
+
+
+class ChildRunPaused(StepError):
+    """The child run stopped on an approval and the subagent node says onChildApproval: fail
+    (the specification's ErrChildRunPaused)."""
+
+    code = "child_run_paused"
+
+
+@dataclass(frozen=True)
+class PendingApproval:
+    run_id: str
+    step_id: str
+    prompt: Any
+    show: Any
+    approval_hash: str
+    requested_at: str
+    expires_at: str | None
+    depth: int  # 0: the run itself; 1: its child; ...
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "step_id": self.step_id, "prompt": self.prompt, "show": self.show,
+                "approval_hash": self.approval_hash, "requested_at": self.requested_at,
+                "expires_at": self.expires_at, "depth": self.depth}
+
+
+def _publish(rt: Runtime, run_id: str, step_id: str, decision: Handoff, generation: int) -> None:
+    # The same fault points as a worker's hand-off: a decider killed here leaves a lease that
+    # lapses, and the sweep publishes the branch.
+    faults.point("after_complete_commit", step_id, run_id)
+    for successor in decision.dispatch:
+        faults.point("before_publish", step_id, run_id)
+        rt.publish(run_id, successor, generation)
+
+
+def _resume(rt: Runtime, run: RunRecord, step_id: str, *, output: Any = None,
+            error: Mapping[str, Any] | None = None, event: tuple[str, Mapping[str, Any]] | None = None,
+            check: Any = None, now: datetime | None = None) -> Handoff:
+    program = rt.program_of(run)
+    decision, generation = rt.journal.resume_waiting(
+        run_id=run.id, step_id=step_id, now=now or utcnow(), lease_ttl=rt.settings.lease_ttl,
+        plan=lambda completed: program.handoff(completed, step_id), output=output, error=error,
+        event=event, check=check, frontier=program.redrive_steps)
+    _publish(rt, run.id, step_id, decision, generation)
+    if decision.finished and run.parent_run_id:
+        wake_quietly(rt, run.parent_run_id)
+    return decision
+
+
+def _branch_wired(program: Program, step_id: str, branch: str) -> bool:
+    if not isinstance(program, GraphProgram):
+        return False
+    return any(e.source_handle == branch for e in program.outgoing(step_id))
+
+
+def _branch_outcome(program: Program, step_id: str, branch: str, detail: Mapping[str, Any]
+                    ) -> tuple[Any, dict[str, Any] | None]:
+    """(output, error): follow `branch`; a rejection or expiry with no edge for it fails the run."""
+    if branch == "approved" or _branch_wired(program, step_id, branch):
+        return {"branch": branch, **detail}, None
+    code = "approval_rejected" if branch == "rejected" else "approval_expired"
+    return None, {"type": "ApprovalNotGranted", "code": code, "class": "approval",
+                  "message": f"approval {step_id!r} was {branch} and the graph has no {branch!r} branch",
+                  **detail}
+
+
+def decide(rt: Runtime, run_id: str, step_id: str, decision: str, *, by: str,
+           comment: str | None = None, expected_hash: str | None = None,
+           now: datetime | None = None) -> Handoff:
+    """Approve or reject a waiting approval step; Refused (nothing changed) when the run is not
+    waiting there, the step is unknown or already decided, or `expected_hash` does not match what
+    is pending."""
+    if decision not in DECISIONS:
+        raise Refused(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}")
+    run = rt.journal.get_run(run_id)
+
+    def check(waiting: Mapping[str, Any]) -> None:
+        if waiting.get("kind") != "approval":
+            raise Refused(f"step {step_id!r} of run {run_id} waits for a child run, not an approval")
+        if expected_hash is not None and waiting.get("approval_hash") != expected_hash:
+            raise Refused(f"step {step_id!r} of run {run_id} asks to approve something else: its hash is "
+                          f"{waiting.get('approval_hash')}, not {expected_hash}")
+
+    waiting = {w["step_id"]: w["payload"] for w in rt.journal.waiting_steps(run_id)}
+    detail = {"decision": decision, "by": by, "comment": comment,
+              "approval_hash": (waiting.get(step_id) or {}).get("approval_hash")}
+    output, error = _branch_outcome(rt.program_of(run), step_id, decision, detail)
+    return _resume(rt, run, step_id, output=output, error=error, event=("approval_decided", detail),
+                   check=check, now=now)
+
+
+def wake(rt: Runtime, run_id: str, now: datetime | None = None) -> int:
+    """Look at every parked step of a run: expired approvals take their timeout branch (or fail the
+    run); a subagent whose child finished gets its result; a child paused on an approval fails the
+    step when the node says onChildApproval: fail. Re-arms the wake-up timer. Returns how many
+    steps were resumed."""
+    now = now or utcnow()
+    run = rt.journal.get_run(run_id)
+    if run.terminal:
+        return 0
+    program = rt.program_of(run)
+    resumed = 0
+    next_due = now + timedelta(seconds=WAIT_RECHECK_SECONDS)
+    for waiting in rt.journal.waiting_steps(run_id):
+        step_id, payload = waiting["step_id"], waiting["payload"]
+        try:
+            if payload.get("kind") == "approval":
+                expires = payload.get("expires_at")
+                if expires is None:
+                    continue
+                if datetime.fromisoformat(expires) > now:
+                    next_due = min(next_due, datetime.fromisoformat(expires))
+                    continue
+                detail = {"decision": "timeout", "by": "pal:expiry", "comment": None,
+                          "approval_hash": payload.get("approval_hash")}
+                output, error = _branch_outcome(program, step_id, "timeout", detail)
+                _resume(rt, run, step_id, output=output, error=error, event=("approval_decided", detail),
+                        now=now)
+                resumed += 1
+            elif payload.get("kind") == "subagent":
+                resumed += _wake_subagent(rt, run, program, step_id, payload["child_run_id"], now)
+        except Refused:
+            continue  # decided meanwhile by someone else: nothing to do
+        if rt.journal.get_run(run_id).terminal:
+            return resumed
+    rt.journal.rearm_wait(run_id=run_id, wake_at=next_due, now=now)
+    return resumed
+
+
+def _wake_subagent(rt: Runtime, run: RunRecord, program: Program, step_id: str, child_id: str,
+                   now: datetime) -> int:
+    child = rt.journal.get_run(child_id)
+    if (child.parent_run_id, child.parent_step_id, child.tenant_id) != (run.id, step_id, run.tenant_id):
+        # Only this step's own child may answer it (docs/security.md): never a run someone else
+        # created under the id first.
+        stranger = ChildRunFailed(f"run {child_id} is not the child run of step {step_id!r}")
+        _resume(rt, run, step_id, now=now, error={
+            "type": type(stranger).__name__, "code": "child_run_foreign", "class": stranger.error_class,
+            "message": str(stranger), "child_run_id": child_id})
+        return 1
+    if child.status == "succeeded":
+        _resume(rt, run, step_id, output=child.output, now=now)
+        return 1
+    if child.terminal:
+        error = ChildRunFailed(f"child run {child_id} {child.status}")
+        _resume(rt, run, step_id, now=now, error={
+            "type": type(error).__name__, "code": error.code, "class": error.error_class,
+            "message": str(error), "child_run_id": child_id, "child_error": child.error})
+        return 1
+    mode = program.node(step_id).data.get("onChildApproval", "wait")
+    if child.status == "waiting" and mode == "fail" and pending_approvals(rt, child_id):
+        paused = ChildRunPaused(f"child run {child_id} stopped on an approval")
+        _resume(rt, run, step_id, now=now, error={
+            "type": type(paused).__name__, "code": paused.code, "class": paused.error_class,
+            "message": str(paused), "child_run_id": child_id})
+        return 1
+    return 0
+
+
+def wake_quietly(rt: Runtime, run_id: str) -> None:
+    """Wake a parent right after its child finished; the sweep covers any failure here."""
+    try:
+        wake(rt, run_id)
+    except PalError:
+        log.warning("waking run %s failed; the sweep will retry", run_id, exc_info=True)
+
+
+def pending_approvals(rt: Runtime, run_id: str, depth: int = 0) -> list[PendingApproval]:
+    """Undecided approvals of the run and of its descendants (nested approvals), parents first."""
+    found = [
+        PendingApproval(run_id=run_id, step_id=w["step_id"], prompt=w["payload"].get("prompt"),
+                        show=w["payload"].get("show"), approval_hash=w["payload"].get("approval_hash", ""),
+                        requested_at=w["payload"].get("requested_at", ""),
+                        expires_at=w["payload"].get("expires_at"), depth=depth)
+        for w in rt.journal.waiting_steps(run_id) if w["payload"].get("kind") == "approval"
+    ]
+    for child in rt.journal.children(run_id):
+        if not child.terminal:
+            found += pending_approvals(rt, child.id, depth + 1)
+    return found
+
+
+def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None,
+           now: datetime | None = None) -> list[str]:
+    """Cancel a run and its unfinished descendants; each journals `run_cancelled` once. A parent
+    waiting on a cancelled run is woken (its subagent step then fails)."""
+    run = rt.journal.get_run(run_id)
+    cancelled = rt.journal.cancel_run(run_id=run_id, now=now or utcnow(), by=by, reason=reason)
+    if run.parent_run_id:
+        wake_quietly(rt, run.parent_run_id)
+    return cancelled

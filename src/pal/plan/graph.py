@@ -1,0 +1,438 @@
+"""Graph documents in the React Flow shape: parse, validate with precise errors, snapshot.
+
+    {"nodes": [{"id": "a", "type": "tool", "data": {...}}, ...],
+     "edges": [{"source": "a", "target": "b", "sourceHandle": "true"?}, ...]}
+
+Every problem is reported at once, naming the node or edge at fault; an invalid graph raises
+GraphError before anything is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import jinja2
+import yaml
+from jinja2 import nodes as jnodes
+
+from pal.core import templates
+from pal.core.limits import load_yaml
+from pal.errors import GraphError
+from pal.nodes import KINDS, NodeKind, get_kind
+
+NODE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}\Z")
+TOP_LEVEL_KEYS = frozenset({"nodes", "edges", "viewport", "name", "description", "metadata"})
+EDGE_KEYS = frozenset(
+    {"id", "source", "target", "sourceHandle", "targetHandle", "type", "label", "animated",
+     "data", "style", "markerEnd", "selected"}
+)
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    type: str
+    data: Mapping[str, Any]
+
+    @property
+    def kind(self) -> NodeKind:
+        return get_kind(self.type)
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    source_handle: str | None = None
+
+    def describe(self) -> str:
+        handle = f" [{self.source_handle}]" if self.source_handle else ""
+        return f"edge {self.source}{handle} -> {self.target}"
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A validated graph; build it with `parse_graph`."""
+
+    nodes: Mapping[str, Node]
+    edges: tuple[Edge, ...]
+    trigger_id: str
+    order: tuple[str, ...]  # topological: every node after all its predecessors
+
+    @cached_property
+    def incoming(self) -> Mapping[str, tuple[Edge, ...]]:
+        result: dict[str, list[Edge]] = {node_id: [] for node_id in self.nodes}
+        for edge in self.edges:
+            result[edge.target].append(edge)
+        return {k: tuple(v) for k, v in result.items()}
+
+    @cached_property
+    def outgoing(self) -> Mapping[str, tuple[Edge, ...]]:
+        result: dict[str, list[Edge]] = {node_id: [] for node_id in self.nodes}
+        for edge in self.edges:
+            result[edge.source].append(edge)
+        return {k: tuple(v) for k, v in result.items()}
+
+    def document(self) -> dict[str, Any]:
+        """The canonical snapshot stored with a run (positions and styling dropped)."""
+        return {
+            "nodes": [
+                {"id": n.id, "type": n.type, "data": dict(n.data)} for n in self.nodes.values()
+            ],
+            "edges": [
+                {"source": e.source, "target": e.target}
+                | ({"sourceHandle": e.source_handle} if e.source_handle else {})
+                for e in self.edges
+            ],
+        }
+
+    @cached_property
+    def bodies(self) -> Mapping[str, Graph]:
+        """The parsed body of each loop node."""
+        return {n.id: parse_body(n.data["body"], known_tools=None, outer=None)
+                for n in self.nodes.values() if n.type == "loop"}
+
+    @cached_property
+    def hash(self) -> str:
+        canonical = json.dumps(self.document(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def load_graph_text(text: str, *, max_bytes: int | None = None) -> Any:
+    """Decode a JSON or YAML graph document (not yet validated)."""
+    if max_bytes is not None and len(text.encode()) > max_bytes:
+        raise GraphError(
+            [f"graph document is {len(text.encode())} bytes, over the limit of {max_bytes} "
+             "(PAL_MAX_GRAPH_BYTES)"]
+        )
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    except RecursionError as exc:  # nested brackets, far past any real graph (PAL_MAX_JSON_DEPTH)
+        raise GraphError(["graph document nests too deeply to decode"]) from exc
+    try:
+        return load_yaml(text)  # no anchors or aliases: they expand past the byte limit (pal.core.limits)
+    except yaml.YAMLError as exc:
+        raise GraphError([f"graph is neither JSON nor YAML: {exc}"]) from exc
+    except RecursionError as exc:
+        raise GraphError(["graph document nests too deeply to decode"]) from exc
+
+
+def parse_graph(
+    document: Any,
+    *,
+    known_tools: frozenset[str] | None = None,
+    max_bytes: int | None = None,
+) -> Graph:
+    """Validate a decoded graph document and return the Graph, or raise GraphError."""
+    if isinstance(document, str):
+        document = load_graph_text(document, max_bytes=max_bytes)
+    elif max_bytes is not None:
+        size = len(json.dumps(document, default=str).encode())
+        if size > max_bytes:
+            raise GraphError(
+                [f"graph document is {size} bytes, over the limit of {max_bytes} "
+                 "(PAL_MAX_GRAPH_BYTES)"]
+            )
+    problems: list[str] = []
+    nodes = _parse_nodes(document, known_tools, problems)
+    edges = _parse_edges(document, nodes, problems)
+    trigger_id = _find_trigger(nodes, edges, problems)
+    order = _topological_order(nodes, edges, problems)
+    if trigger_id and order is not None:
+        _check_reachable(nodes, edges, trigger_id, problems)
+        _check_references(nodes, edges, problems)
+        _check_loop_bodies(nodes, edges, known_tools, problems)
+    if problems or trigger_id is None or order is None:
+        raise GraphError(problems)
+    return Graph(nodes=nodes, edges=tuple(edges), trigger_id=trigger_id, order=order)
+
+
+def _parse_nodes(
+    document: Any, known_tools: frozenset[str] | None, problems: list[str]
+) -> dict[str, Node]:
+    if not isinstance(document, Mapping):
+        problems.append(
+            f"graph must be an object with 'nodes' and 'edges', not {type(document).__name__}"
+        )
+        return {}
+    for key in document:
+        if key not in TOP_LEVEL_KEYS:
+            problems.append(f"unknown top-level key {key!r} (allowed: nodes, edges, viewport, "
+                            "name, description, metadata)")
+    raw_nodes = document.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        problems.append("graph needs a non-empty 'nodes' list")
+        return {}
+    nodes: dict[str, Node] = {}
+    for index, raw in enumerate(raw_nodes):
+        where = f"node #{index}"
+        if not isinstance(raw, Mapping):
+            problems.append(f"{where} must be an object, not {type(raw).__name__}")
+            continue
+        node_id = raw.get("id")
+        if not isinstance(node_id, str) or not NODE_ID.fullmatch(node_id):
+            problems.append(
+                f"{where} has invalid id {node_id!r}: use a letter or _ then letters, digits, "
+                "_ or -, at most 128 characters"
+            )
+            continue
+        where = f"node {node_id!r}"
+        if node_id in nodes:
+            problems.append(f"{where}: duplicate id")
+            continue
+        node_type = raw.get("type")
+        if not isinstance(node_type, str) or node_type not in KINDS:
+            known = ", ".join(sorted(KINDS))
+            problems.append(f"{where}: unknown node type {node_type!r} (known: {known})")
+            continue
+        data = raw.get("data", {})
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            problems.append(f"{where}: 'data' must be an object, not {type(data).__name__}")
+            continue
+        json_problem = _json_problem(data)
+        if json_problem:
+            problems.append(f"{where}: 'data' {json_problem}")
+            continue
+        problems.extend(f"{where}: {p}" for p in KINDS[node_type].validate(data, known_tools))
+        for path, text in template_strings(KINDS[node_type], data):
+            error = templates.check(text)
+            if error:
+                problems.append(f"{where}: data.{path}: {error}")
+        nodes[node_id] = Node(id=node_id, type=node_type, data=dict(data))
+    return nodes
+
+
+def template_strings(kind: NodeKind, data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(path, text) of every string in a node's data that is rendered in this graph's context;
+    fields holding an embedded plan (a subagent's graph, a loop's body) are checked by their own."""
+    return [(path, text) for key, value in data.items() if key not in kind.opaque_fields
+            for path, text in templates.iter_strings(value, str(key))]
+
+
+def _json_problem(data: Any) -> str | None:
+    """Node data is stored and hashed as JSON: plain values, string keys (YAML allows more)."""
+    try:
+        json.dumps(data, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return f"must be plain JSON (strings, numbers, booleans, null, lists, objects): {exc}"
+    return None
+
+
+def _parse_edges(document: Any, nodes: Mapping[str, Node], problems: list[str]) -> list[Edge]:
+    if not isinstance(document, Mapping):
+        return []
+    raw_edges = document.get("edges", [])
+    if raw_edges is None:
+        raw_edges = []
+    if not isinstance(raw_edges, list):
+        problems.append(f"'edges' must be a list, not {type(raw_edges).__name__}")
+        return []
+    edges: list[Edge] = []
+    seen: set[Edge] = set()
+    for index, raw in enumerate(raw_edges):
+        where = f"edge #{index}"
+        if not isinstance(raw, Mapping):
+            problems.append(f"{where} must be an object, not {type(raw).__name__}")
+            continue
+        source, target, handle = raw.get("source"), raw.get("target"), raw.get("sourceHandle")
+        if not isinstance(source, str) or not isinstance(target, str):
+            problems.append(f"{where} needs string 'source' and 'target'")
+            continue
+        where = f"{where} ({source} -> {target})"
+        unknown_keys = sorted(set(raw) - EDGE_KEYS)
+        if unknown_keys:
+            problems.append(f"{where}: unknown key(s) {', '.join(unknown_keys)}")
+        if handle is not None and not isinstance(handle, str):
+            problems.append(f"{where}: 'sourceHandle' must be a string")
+            continue
+        dangling = [end for end in (source, target) if end not in nodes]
+        if dangling:
+            problems.append(f"{where}: dangling, no node with id {', '.join(map(repr, dangling))}")
+            continue
+        if source == target and not nodes[source].kind.allows_cycles:
+            problems.append(f"{where}: a node cannot feed itself")
+            continue
+        branches = nodes[source].kind.branches
+        if branches and handle not in branches:
+            problems.append(
+                f"{where}: a {nodes[source].type} edge needs sourceHandle "
+                f"{' or '.join(map(repr, branches))}, not {handle!r}"
+            )
+            continue
+        if not branches and handle:
+            problems.append(f"{where}: sourceHandle {handle!r} on a {nodes[source].type} node, "
+                            "which has no branches")
+            continue
+        if nodes[target].type == "trigger":
+            problems.append(f"{where}: the trigger cannot have incoming edges")
+            continue
+        edge = Edge(source=source, target=target, source_handle=handle or None)
+        if edge in seen:
+            problems.append(f"{where}: duplicate edge")
+            continue
+        seen.add(edge)
+        edges.append(edge)
+    return edges
+
+
+def _find_trigger(
+    nodes: Mapping[str, Node], edges: list[Edge], problems: list[str]
+) -> str | None:
+    triggers = [n.id for n in nodes.values() if n.type == "trigger"]
+    if not nodes:
+        return None
+    if not triggers:
+        problems.append("missing trigger: a graph needs exactly one node of type 'trigger'")
+        return None
+    if len(triggers) > 1:
+        problems.append(f"more than one trigger: {', '.join(triggers)}")
+        return None
+    return triggers[0]
+
+
+def _topological_order(
+    nodes: Mapping[str, Node], edges: list[Edge], problems: list[str]
+) -> tuple[str, ...] | None:
+    indegree = {node_id: 0 for node_id in nodes}
+    successors: dict[str, list[str]] = {node_id: [] for node_id in nodes}
+    for edge in edges:
+        indegree[edge.target] += 1
+        successors[edge.source].append(edge.target)
+    ready = [node_id for node_id, degree in indegree.items() if degree == 0]
+    order: list[str] = []
+    while ready:
+        current = ready.pop(0)
+        order.append(current)
+        for target in successors[current]:
+            indegree[target] -= 1
+            if indegree[target] == 0:
+                ready.append(target)
+    if len(order) == len(nodes):
+        return tuple(order)
+    remaining = [edge for edge in edges if indegree[edge.source] > 0 and indegree[edge.target] > 0]
+    in_cycle = sorted(n for n, degree in indegree.items() if degree > 0 and n in _descendants(n, remaining))
+    if any(nodes[n].kind.allows_cycles for n in in_cycle):
+        return tuple(order) + tuple(in_cycle)
+    problems.append(
+        f"cycle through {', '.join(in_cycle)}: cycles are only allowed through a loop node"
+    )
+    return None
+
+
+def _check_loop_bodies(nodes: Mapping[str, Node], edges: list[Edge], known_tools: frozenset[str] | None,
+                       problems: list[str]) -> None:
+    reversed_edges = [Edge(source=e.target, target=e.source) for e in edges]
+    for node in nodes.values():
+        if node.type == "loop" and "body" in node.data:
+            outer = frozenset(_descendants(node.id, reversed_edges))
+            try:
+                parse_body(node.data["body"], known_tools=known_tools, outer=outer,
+                           outer_all=frozenset(nodes))
+            except GraphError as exc:
+                problems.extend(f"node {node.id!r}: body: {p}" for p in exc.problems)
+
+
+def parse_body(document: Any, *, known_tools: frozenset[str] | None,
+               outer: frozenset[str] | None, outer_all: frozenset[str] = frozenset()) -> Graph:
+    """A loop body: one node `{id, type, data}` or a sub-graph `{nodes, edges}` with no trigger.
+    Its entry nodes are those without incoming edges. `outer` (the nodes that run before the
+    loop) may be referenced from body templates; None skips the reference check (a stored,
+    validated body)."""
+    if isinstance(document, Mapping) and "nodes" not in document:
+        document = {"nodes": [document], "edges": []}
+    problems: list[str] = []
+    nodes = _parse_nodes(document, known_tools, problems)
+    for node in nodes.values():
+        if node.type in ("trigger", "loop"):
+            problems.append(f"node {node.id!r}: a loop body cannot hold a {node.type} node")
+    edges = _parse_edges(document, nodes, problems)
+    order = _topological_order(nodes, edges, problems)
+    if order is not None and outer is not None:
+        _check_references(nodes, edges, problems, outer=outer, outer_all=outer_all)
+    if problems or order is None:
+        raise GraphError(problems, what="loop body")
+    return Graph(nodes=nodes, edges=tuple(edges), trigger_id="", order=order)
+
+
+def _check_reachable(
+    nodes: Mapping[str, Node], edges: list[Edge], trigger_id: str, problems: list[str]
+) -> None:
+    reached = _descendants(trigger_id, edges) | {trigger_id}
+    for node_id in nodes:
+        if node_id not in reached:
+            problems.append(f"node {node_id!r}: unreachable from the trigger {trigger_id!r}")
+
+
+def _descendants(start: str, edges: list[Edge]) -> set[str]:
+    successors: dict[str, list[str]] = {}
+    for edge in edges:
+        successors.setdefault(edge.source, []).append(edge.target)
+    seen: set[str] = set()
+    stack = [start]
+    while stack:
+        for nxt in successors.get(stack.pop(), []):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
+def _check_references(
+    nodes: Mapping[str, Node], edges: list[Edge], problems: list[str],
+    outer: frozenset[str] = frozenset(), outer_all: frozenset[str] = frozenset(),
+) -> None:
+    """`{{ nodes.X... }}` must name a node upstream of the one that uses it (in a loop body:
+    upstream in the body, or in `outer`, the nodes that run before the loop)."""
+    reversed_edges = [Edge(source=e.target, target=e.source) for e in edges]
+    for node in nodes.values():
+        ancestors: set[str] | None = None
+        for path, text in template_strings(node.kind, node.data):
+            for ref in _referenced_nodes(text):
+                if ref in outer and ref not in nodes:
+                    continue
+                if ref in outer_all and ref not in nodes:
+                    problems.append(f"node {node.id!r}: data.{path} refers to node {ref!r}, which does "
+                                    "not run before the loop")
+                    continue
+                if ref not in nodes:
+                    problems.append(
+                        f"node {node.id!r}: data.{path} refers to unknown node {ref!r}"
+                    )
+                    continue
+                if ancestors is None:
+                    ancestors = _descendants(node.id, reversed_edges)
+                if ref not in ancestors:
+                    problems.append(
+                        f"node {node.id!r}: data.{path} refers to node {ref!r}, which does not "
+                        "run before it"
+                    )
+
+
+def _referenced_nodes(text: str) -> set[str]:
+    if not templates.has_template(text):
+        return set()
+    found: set[str] = set()
+    try:
+        ast = jinja2.Environment().parse(text)
+        for getattr_node in ast.find_all(jnodes.Getattr):
+            inner = getattr_node.node
+            if isinstance(inner, jnodes.Name) and inner.name == "nodes":
+                found.add(getattr_node.attr)
+        for getitem in ast.find_all(jnodes.Getitem):
+            inner = getitem.node
+            if (isinstance(inner, jnodes.Name) and inner.name == "nodes"
+                    and isinstance(getitem.arg, jnodes.Const) and isinstance(getitem.arg.value, str)):
+                found.add(getitem.arg.value)
+    except (jinja2.TemplateSyntaxError, RecursionError):
+        return set()  # already reported by templates.check: a syntax error, or nested too deeply
+    return found

@@ -1,0 +1,325 @@
+"""Pure decisions over (graph, journal): what is done, what is ready, whether the run is over.
+
+This is the replay walk. From the trigger, in topological order, each node is:
+  completed  it has a step_completed event (its cached output is reused, never recomputed);
+  ready      every incoming edge is resolved and at least one is live;
+  skipped    every incoming edge is dead (an untaken condition branch, or a skipped source);
+  pending    some predecessor is not resolved yet (joins wait for all of them).
+An edge is live when its source completed and, for a branching source, the branch it chose
+matches the edge's sourceHandle; it is dead when its source was skipped or chose another branch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from functools import cached_property
+from typing import Any, Protocol
+
+from pal.core.views import OnlyKeys
+from pal.plan.graph import Edge, Graph, Node
+
+
+@dataclass(frozen=True)
+class Progress:
+    completed: frozenset[str]
+    ready: frozenset[str]
+    skipped: frozenset[str]
+    pending: frozenset[str]
+
+    @property
+    def finished(self) -> bool:
+        return not self.ready and not self.pending
+
+    def ready_in_order(self, graph: Graph) -> list[str]:
+        return [n for n in graph.order if n in self.ready]
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """What completing one step leads to: steps to dispatch now, and whether the run is over."""
+
+    dispatch: tuple[str, ...]
+    finished: bool
+    output: Any = None
+    error: Mapping[str, Any] | None = None  # a finished run that failed (e.g. a turn limit)
+
+
+def _chosen(graph: Graph, edge: Edge, completed: Mapping[str, Any]) -> bool:
+    """Whether the edge out of a completed source is live: a branching source picks its edges."""
+    if graph.nodes[edge.source].kind.branches:
+        output = completed[edge.source]
+        chosen = output.get("branch") if isinstance(output, Mapping) else None
+        return bool(chosen == edge.source_handle)
+    return True
+
+
+class NodeState(Enum):
+    COMPLETED = "completed"
+    READY = "ready"
+    SKIPPED = "skipped"
+    PENDING = "pending"
+
+
+LOCAL_WALK_LIMIT = 256  # nodes a local classification may visit before the whole walk is used
+
+
+class WalkTooFar(Exception):
+    """Control flow: a local classification would visit more than LOCAL_WALK_LIMIT nodes."""
+
+
+def node_state(graph: Graph, node_id: str, completed: Mapping[str, Any],
+               known: dict[str, NodeState], limit: int | None = LOCAL_WALK_LIMIT) -> NodeState:
+    """One node's class, found by looking upstream only as far as needed: completed; ready (every
+    incoming edge resolved, one live); skipped (every incoming edge dead: a skipped source, or a
+    branch not taken); pending (a source unresolved: joins wait for all). `known` memoizes and
+    may be shared across calls with the same `completed`. Raises WalkTooFar once `limit` nodes
+    are known, which also bounds the recursion's depth."""
+    state = known.get(node_id)
+    if state is not None:
+        return state
+    if limit is not None and len(known) >= limit:
+        raise WalkTooFar(node_id)
+    if node_id in completed:
+        state = NodeState.COMPLETED
+    elif not graph.incoming[node_id]:
+        state = NodeState.READY  # the trigger
+    else:
+        live = False
+        state = NodeState.SKIPPED
+        for edge in graph.incoming[node_id]:
+            source = node_state(graph, edge.source, completed, known, limit)
+            if source is NodeState.SKIPPED:
+                continue  # a dead edge
+            if source is not NodeState.COMPLETED:
+                state = NodeState.PENDING
+                break
+            live = live or _chosen(graph, edge, completed)
+        else:
+            state = NodeState.READY if live else NodeState.SKIPPED
+    known[node_id] = state
+    return state
+
+
+def progress(graph: Graph, completed: Mapping[str, Any]) -> Progress:
+    """Classify every node of `graph` given the outputs of its completed steps (in topological
+    order, so each node finds its predecessors already classified)."""
+    known: dict[str, NodeState] = {}
+    for node_id in graph.order:
+        node_state(graph, node_id, completed, known, limit=None)
+    by_state: dict[NodeState, set[str]] = {state: set() for state in NodeState}
+    for node_id, state in known.items():
+        by_state[state].add(node_id)
+    return Progress(*(frozenset(by_state[s]) for s in
+                      (NodeState.COMPLETED, NodeState.READY, NodeState.SKIPPED, NodeState.PENDING)))
+
+
+def run_output(graph: Graph, completed: Mapping[str, Any]) -> Any:
+    """The run output: the value of its completed output node (several: keyed by node id)."""
+    outputs = {n: completed[n] for n in graph.order
+               if graph.nodes[n].type == "output" and n in completed}
+    if not outputs:
+        return None
+    if len(outputs) == 1:
+        return next(iter(outputs.values()))
+    return outputs
+
+
+def handoff(graph: Graph, completed: Mapping[str, Any], step_id: str) -> Handoff:
+    """Decide what follows the completion of `step_id`; `completed` already includes it.
+
+    Only steps that became ready because of this completion are dispatched: a step that was
+    ready before was dispatched by whoever made it ready, so concurrent completions (serialized
+    by the run's lease row) never dispatch the same step twice. (One implementation: the graph's
+    program, which also expands loops.)
+    """
+    return GraphProgram(graph).handoff(completed, step_id)
+
+
+def redrive_steps(graph: Graph, completed: Mapping[str, Any]) -> tuple[str, ...]:
+    """The first incomplete steps of a re-driven run; empty for a finished graph."""
+    return GraphProgram(graph).redrive_steps(completed)
+
+
+class Program(Protocol):
+    """What the step protocol needs of a run's plan: a graph, or a plain-LLM conversation."""
+
+    @property
+    def first_step(self) -> str: ...
+
+    def node(self, step_id: str) -> Node:
+        """The node a step executes; KeyError for a step the plan does not have."""
+        ...
+
+    def handoff(self, completed: Mapping[str, Any], step_id: str) -> Handoff: ...
+
+    def redrive_steps(self, completed: Mapping[str, Any]) -> tuple[str, ...]: ...
+
+    def is_ready(self, completed: Mapping[str, Any], step_id: str) -> bool:
+        """Whether `step_id` is on the run's ready frontier: a step of the plan, not completed, whose
+        predecessors are resolved (an approval before it decided, a loop's earlier iterations done).
+        The claim refuses a message for any other step (docs/security.md)."""
+        ...
+
+    def view(self, step_id: str, completed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
+        """(outputs, loop): what the step's templates see as `nodes` and as `loop`."""
+        ...
+
+
+# loop[items], or loop[3].local
+_LOOP_STEP = re.compile(
+    r"^(?P<loop>[A-Za-z_][A-Za-z0-9_-]*)\[(?:(?P<items>items)|(?P<index>\d+)\]\.(?P<local>.+)|)")
+
+
+@dataclass(frozen=True)
+class GraphProgram:
+    """A graph run's plan: the pure walk above, with each ready loop node expanded into its own
+    steps (`loop[items]`, then iteration i's body steps `loop[i].<node>`, then `loop`)."""
+
+    graph: Graph
+
+    @property
+    def first_step(self) -> str:
+        return self.graph.trigger_id
+
+    def node(self, step_id: str) -> Node:
+        if step_id in self.graph.nodes:
+            return self.graph.nodes[step_id]
+        loop_id, index, local = self._locate(step_id)
+        loop = self.graph.nodes[loop_id]
+        if index is None:
+            data = {k: v for k, v in loop.data.items() if k in ("items", "maxIterations", "retry")}
+            return Node(id=step_id, type="loop-items", data=data)
+        return self.graph.bodies[loop_id].nodes[local or ""]
+
+    def outgoing(self, step_id: str) -> tuple[Edge, ...]:
+        """The edges leaving a step's node: in the graph, or in its loop's body."""
+        if step_id in self.graph.nodes:
+            return self.graph.outgoing[step_id]
+        loop_id, index, local = self._locate(step_id)
+        return self.graph.bodies[loop_id].outgoing[local] if index is not None and local else ()
+
+    def _locate(self, step_id: str) -> tuple[str, int | None, str | None]:
+        match = _LOOP_STEP.match(step_id)
+        if match is None or match["loop"] not in self.graph.bodies:
+            raise KeyError(step_id)
+        if match["items"]:
+            if step_id != f"{match['loop']}[items]":
+                raise KeyError(step_id)
+            return match["loop"], None, None
+        if match["index"] is None or match["local"] not in self.graph.bodies[match["loop"]].nodes:
+            raise KeyError(step_id)
+        return match["loop"], int(match["index"]), match["local"]
+
+    def _iteration(self, loop_id: str, index: int, completed: Mapping[str, Any]) -> dict[str, Any]:
+        prefix = f"{loop_id}[{index}]."
+        return {k[len(prefix):]: v for k, v in completed.items() if k.startswith(prefix)}
+
+    def _loop_frontier(self, loop_id: str, completed: Mapping[str, Any]) -> tuple[str, ...]:
+        items_step = f"{loop_id}[items]"
+        if items_step not in completed:
+            return (items_step,)
+        body = self.graph.bodies[loop_id]
+        for index in range(len(completed[items_step]["items"])):
+            state = progress(body, self._iteration(loop_id, index, completed))
+            if not state.finished:  # iterations run one after another
+                return tuple(f"{loop_id}[{index}].{n}" for n in body.order if n in state.ready)
+        return (loop_id,)
+
+    def frontier(self, completed: Mapping[str, Any], state: Progress | None = None) -> tuple[str, ...]:
+        """The steps ready now, loops expanded: what a re-drive dispatches."""
+        return self._expand((state or progress(self.graph, completed)).ready_in_order(self.graph), completed)
+
+    def handoff(self, completed: Mapping[str, Any], step_id: str) -> Handoff:
+        """Only steps that became ready because of this completion are dispatched (see `handoff`)."""
+        if step_id in self.graph.nodes:
+            try:
+                became_ready = self._became_ready(completed, step_id)
+            except WalkTooFar:
+                became_ready = []
+            if became_ready:  # then the run is not over: no need to walk the whole graph
+                return Handoff(dispatch=self._expand(became_ready, completed), finished=False)
+        after = progress(self.graph, completed)
+        if after.finished:
+            return Handoff(dispatch=(), finished=True, output=run_output(self.graph, completed))
+        before = set(self.frontier({k: v for k, v in completed.items() if k != step_id}))
+        return Handoff(dispatch=tuple(s for s in self.frontier(completed, after) if s not in before),
+                       finished=False)
+
+    def _became_ready(self, completed: Mapping[str, Any], step_id: str) -> list[str]:
+        """The graph nodes that the completion of `step_id` made ready, in graph order.
+
+        Only nodes downstream of it can change state: its successors, and theirs through nodes
+        it made skipped. Each is classified by the same rules as `progress`, looking upstream only
+        as far as its own predecessors need, so a hand-off costs the size of its neighbourhood,
+        not of the graph."""
+        states: dict[str, NodeState] = {}
+        found: set[str] = set()
+        through = [step_id]
+        while through:
+            for edge in self.graph.outgoing[through.pop()]:
+                state = node_state(self.graph, edge.target, completed, states)
+                if state is NodeState.READY:
+                    found.add(edge.target)
+                elif state is NodeState.SKIPPED:
+                    through.append(edge.target)
+        return sorted(found, key=self._position.__getitem__)
+
+    @cached_property
+    def _position(self) -> Mapping[str, int]:
+        return {node_id: i for i, node_id in enumerate(self.graph.order)}
+
+    def _expand(self, ready: list[str], completed: Mapping[str, Any]) -> tuple[str, ...]:
+        steps: list[str] = []
+        for node_id in ready:
+            if self.graph.nodes[node_id].type == "loop":
+                steps.extend(self._loop_frontier(node_id, completed))
+            else:
+                steps.append(node_id)
+        return tuple(steps)
+
+    def redrive_steps(self, completed: Mapping[str, Any]) -> tuple[str, ...]:
+        return self.frontier(completed)
+
+    def is_ready(self, completed: Mapping[str, Any], step_id: str) -> bool:
+        """See Program.is_ready. A graph node is classified looking upstream only as far as its
+        predecessors need (usually one edge); a loop's steps must also be the loop's next ones."""
+        if step_id in completed:
+            return False
+        try:
+            node_id = step_id if step_id in self.graph.nodes else self._locate(step_id)[0]
+        except KeyError:
+            return False
+        try:
+            state = node_state(self.graph, node_id, completed, {})
+        except WalkTooFar:
+            state = NodeState.READY if node_id in progress(self.graph, completed).ready else NodeState.PENDING
+        if state is not NodeState.READY:
+            return False
+        return self.graph.nodes[node_id].type != "loop" or step_id in self._loop_frontier(node_id, completed)
+
+    def view(self, step_id: str, completed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
+        outer = OnlyKeys(completed, self.graph.nodes)
+        node = self.graph.nodes.get(step_id)
+        if node is not None and node.type == "loop":
+            count = len(completed[f"{step_id}[items]"]["items"])
+            return outer, {"results": [self._iteration_output(step_id, i, completed) for i in range(count)]}
+        if node is not None:
+            return outer, None
+        loop_id, index, _ = self._locate(step_id)
+        if index is None:
+            return outer, None
+        items = completed[f"{loop_id}[items]"]["items"]
+        return (dict(outer) | self._iteration(loop_id, index, completed),  # the iteration's own win
+                {"item": items[index], "index": index, "count": len(items)})
+
+    def _iteration_output(self, loop_id: str, index: int, completed: Mapping[str, Any]) -> Any:
+        """An iteration's output: its body's last node's output (several sinks: keyed by id)."""
+        body = self.graph.bodies[loop_id]
+        done = self._iteration(loop_id, index, completed)
+        sinks = [n for n in body.order if not body.outgoing[n]]
+        if len(sinks) == 1:
+            return done.get(sinks[0])
+        return {n: done.get(n) for n in sinks}

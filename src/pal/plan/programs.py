@@ -1,0 +1,62 @@
+"""A run's plan from its document: a graph, or a plain-LLM spec (`{"kind": "llm", ...}`).
+
+One place decides which it is and validates it, for new runs, for subagents' child runs and for a
+subagent node's embedded graph at validation time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pal.config import DEFAULT_MAX_JSON_DEPTH
+from pal.core.limits import depth_problem
+from pal.errors import GraphError
+from pal.plan.graph import load_graph_text, parse_graph
+from pal.plan.interpreter import GraphProgram, Program
+from pal.plan.llm import is_llm_document, parse_llm_spec
+
+
+@dataclass(frozen=True)
+class Plan:
+    kind: str  # "graph" | "llm"
+    document: dict[str, Any]  # the canonical snapshot stored with the run
+    hash: str
+    program: Program
+
+
+def parse_plan(document: Any, *, known_tools: frozenset[str] | None, max_bytes: int | None = None,
+               max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Plan:
+    """Validate a graph or plain-LLM document; GraphError lists every problem."""
+    if isinstance(document, str):
+        document = load_graph_text(document, max_bytes=max_bytes)
+    problem = depth_problem(document, max_depth, "the document")
+    if problem:
+        raise GraphError([problem])
+    if is_llm_document(document):
+        size = len(json.dumps(document, default=str).encode())
+        if max_bytes is not None and size > max_bytes:
+            raise GraphError([f"llm run spec is {size} bytes, over the limit of {max_bytes} "
+                              "(PAL_MAX_GRAPH_BYTES)"], what="llm run")
+        llm = parse_llm_spec(document, known_tools=known_tools)
+        return Plan("llm", llm.document(), llm.hash, llm)
+    graph = parse_graph(document, known_tools=known_tools, max_bytes=max_bytes)
+    return Plan("graph", graph.document(), graph.hash, GraphProgram(graph))
+
+
+def program_of(kind: str, document: Any) -> Program:
+    """The program of a stored (already validated) plan."""
+    if kind == "llm":
+        return parse_llm_spec(document, known_tools=None)
+    return GraphProgram(parse_graph(document))
+
+
+def plan_problems(document: Mapping[str, Any], known_tools: frozenset[str] | None) -> list[str]:
+    """The problems of an embedded plan (a subagent's graph), empty when valid."""
+    try:
+        parse_plan(dict(document), known_tools=known_tools)
+    except GraphError as exc:
+        return exc.problems
+    return []

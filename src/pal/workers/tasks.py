@@ -1,0 +1,58 @@
+"""Celery tasks with stable names, so other services can `send_task` without importing PAL.
+
+Each task is a thin doorbell handler: it calls the step protocol or the run service, which call
+the journal. A message is never the truth.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pal.engine.recovery import sweep
+from pal.engine.runs import start_run
+from pal.engine.steps import execute_step
+from pal.errors import GraphError, InputError, Refused
+
+if TYPE_CHECKING:
+    from pal.workers.app import PalCelery
+
+log = logging.getLogger(__name__)
+
+
+def register_tasks(app: PalCelery) -> None:
+    @app.task(name="pal.execute_node", bind=True, shared=False)  # type: ignore[untyped-decorator]
+    def execute_node(self: Any, run_id: Any, step_id: Any, generation: Any, signature: Any = None) -> str:
+        """Execute one graph node of one run (one node per message).
+
+        Anyone who reaches the broker can send this message: it runs only if it carries PAL's
+        signature of exactly (run, step, generation) (pal.core.doorbell); anything else is refused
+        before the journal is touched, and never fails the run."""
+        rt = self.app.runtime
+        if not (isinstance(run_id, str) and isinstance(step_id, str) and type(generation) is int
+                and rt.doorbell_is_genuine(run_id, step_id, generation, signature)):
+            log.warning("pal.execute_node refused: not a message PAL sent (run %.128r step %.256r "
+                        "generation %.32r)", run_id, step_id, generation)
+            return "forged"
+        return execute_step(rt, run_id, step_id, generation).outcome
+
+    @app.task(name="pal.sweep_orphans", bind=True, shared=False)  # type: ignore[untyped-decorator]
+    def sweep_orphans(self: Any) -> dict[str, Any]:
+        """One pass of the orphan sweep (celery beat sends it every PAL_RECOVERY_INTERVAL)."""
+        report = sweep(self.app.runtime)
+        return {"found": report.found,
+                "recovered": {r: rec.generation for r, rec in report.recovered.items()}}
+
+    @app.task(name="pal.start_run", bind=True, shared=False)  # type: ignore[untyped-decorator]
+    def start_run_task(
+        self: Any, graph: Any, input: Any = None, run_id: str | None = None,
+        tenant_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Validate and start a run; an invalid request is logged and writes nothing."""
+        try:
+            record, created = start_run(self.app.runtime, graph, input, run_id=run_id,
+                                        tenant_id=tenant_id)
+        except (GraphError, InputError, Refused) as exc:
+            log.error("pal.start_run refused: %s", exc)
+            return {"error": str(exc)}
+        return {"run_id": record.id, "created": created}
