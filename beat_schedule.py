@@ -6,6 +6,6 @@ point at it.
 """
 
 from pal.config import load_settings
-from pal.engine.recovery import sweep_schedule
+from pal.workers.beat import sweep_schedule
 
 beat_schedule = sweep_schedule(load_settings())

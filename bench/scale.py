@@ -59,10 +59,12 @@ from bench.throughput import (
 )
 from pal.client import Client
 from pal.config import Settings
+from pal.core.clock import utcnow
+from pal.core.records import Fence
 from pal.engine.recovery import SWEEP_BATCH, redrive, sweep
 from pal.engine.runs import start_run
 from pal.engine.runtime import Runtime
-from pal.engine.steps import execute_step, utcnow
+from pal.engine.steps import execute_step
 from pal.storage.database import normalize_url
 from pal.storage.journal import Journal
 from pal.storage.schema import journal_events, run_locks, runs
@@ -198,8 +200,8 @@ def fill_journal(engine: sa.Engine, rt: Runtime, outbox: Outbox, sizes: Sizes) -
     graph = linear_graph(3)
     done_id = run_template(rt, outbox, graph, None)
     live_id = run_template(rt, outbox, graph, 1)  # the trigger completed ...
-    rt.journal.claim_step(run_id=live_id, step_id="n0", generation=1, worker_id="bench-dead",
-                          now=utcnow(), lease_ttl=30.0)  # ... and n0 started: its worker died
+    # ... and n0 started: its worker died
+    rt.journal.claim_step(Fence(live_id, 1, "bench-dead", utcnow(), 30.0), "n0")
     every = "INTERVAL '2 seconds' * i"  # finished runs spread over the past
     finished = clone_sql(runs, {
         "id": "'run_' || md5('finished-' || i)",

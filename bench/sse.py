@@ -39,7 +39,7 @@ from bench.throughput import (
     stop_process,
 )
 from pal.client import Client
-from pal.engine.steps import utcnow
+from pal.core.clock import utcnow
 from pal.storage.database import create_engine
 from pal.storage.schema.migrate import upgrade
 

@@ -1,10 +1,30 @@
-"""PAL: durable execution of AI-agent workflow graphs on Celery, journaled in Postgres."""
+"""PAL: durable execution of AI-agent workflow graphs on Celery, journaled in Postgres.
+
+`pal.Client`, `pal.tool` and `pal.PalError` are the public face. They load on first use, so that
+importing one layer (say `pal.core.templates` in a worker's tool module) does not load them all.
+"""
 
 from __future__ import annotations
 
-from pal.client import Client
+from typing import TYPE_CHECKING, Any
+
 from pal.errors import PalError
-from pal.tools import tool
+
+if TYPE_CHECKING:
+    from pal.client import Client
+    from pal.tools import tool
 
 __version__ = "0.1.0"
 __all__ = ["Client", "PalError", "__version__", "tool"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Client":
+        from pal.client import Client
+
+        return Client
+    if name == "tool":
+        from pal.tools import tool
+
+        return tool
+    raise AttributeError(f"module 'pal' has no attribute {name!r}")

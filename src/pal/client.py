@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pal.config import Settings, load_settings
-from pal.engine.runs import start_run
+from pal.core.records import Event, Handoff, RunRecord
+from pal.engine.runs import cancel, start_run
+from pal.engine.waiting import PendingApproval, decide, pending_approvals
 from pal.errors import PalError, StorageError
-from pal.storage.journal import Event, RunRecord
-
-if TYPE_CHECKING:
-    from pal.engine.waiting import PendingApproval
-    from pal.plan.interpreter import Handoff
+from pal.workers.app import create_app
 
 
 class RunTimeout(PalError):
@@ -34,8 +32,6 @@ class Client:
     """
 
     def __init__(self, settings: Settings | None = None) -> None:
-        from pal.workers.app import create_app
-
         self.settings = settings or load_settings()
         self.app = create_app(self.settings)
         self.runtime = self.app.runtime
@@ -81,8 +77,6 @@ class Client:
     def decide(self, run_id: str, step_id: str, decision: str, *, comment: str | None = None,
                by: str | None = None, expected_hash: str | None = None) -> Handoff:
         """Approve (`approved`) or reject (`rejected`) a waiting approval; Refused otherwise."""
-        from pal.engine.waiting import decide
-
         return decide(self.runtime, run_id, step_id, decision, by=by or _user(), comment=comment,
                       expected_hash=expected_hash)
 
@@ -94,15 +88,11 @@ class Client:
 
     def pending_approvals(self, run_id: str) -> list[PendingApproval]:
         """Undecided approvals of the run and of its child runs, parents first."""
-        from pal.engine.waiting import pending_approvals
-
         self.runtime.journal.get_run(run_id)  # RunNotFound for an unknown id
         return pending_approvals(self.runtime, run_id)
 
     def cancel(self, run_id: str, *, reason: str | None = None, by: str | None = None) -> list[str]:
         """Cancel the run and its unfinished descendants; returns the ids cancelled."""
-        from pal.engine.waiting import cancel
-
         return cancel(self.runtime, run_id, by=by or _user(), reason=reason)
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pal.core.durations import parse_go_duration
+from pal.core.egress import parse_allow_list
 from pal.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -230,8 +231,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 
 def _egress_allow(raw: str) -> tuple[str, ...]:
     """PAL_EGRESS_ALLOW checked at startup (ConfigError naming a bad entry), kept normalized."""
-    from pal.core.egress import parse_allow_list
-
     return tuple(entry.text for entry in parse_allow_list(raw))
 
 

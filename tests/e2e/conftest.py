@@ -8,7 +8,7 @@ import pytest
 
 from pal.cli.demo import wait_until
 from pal.client import Client
-from pal.engine.steps import utcnow
+from pal.core.clock import utcnow
 from tests.conftest import Backend
 from tests.support.api_server import Api, free_port
 from tests.support.processes import Processes

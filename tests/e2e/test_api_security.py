@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pal.cli.demo import wait_until
-from pal.engine.steps import utcnow
+from pal.core.clock import utcnow
 from tests.support.api_server import Api, free_port
 from tests.support.processes import Processes
 

@@ -12,7 +12,7 @@ import httpx
 from playwright.sync_api import Dialog, expect, sync_playwright
 
 from pal.cli.demo import wait_until
-from pal.engine.steps import utcnow
+from pal.core.clock import utcnow
 from tests.e2e.test_api_security import gated
 from tests.e2e.test_dashboard import CHROMIUM_FLAGS
 from tests.support.api_server import Api, free_port

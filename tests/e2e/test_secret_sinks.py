@@ -13,7 +13,7 @@ import httpx
 
 from pal.cli.demo import wait_until
 from pal.client import Client
-from pal.engine.steps import utcnow
+from pal.core.clock import utcnow
 from tests.conftest import Backend
 from tests.support.api_server import free_port
 from tests.support.graphs import single

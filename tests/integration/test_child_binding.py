@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from pal.client import Client
+from pal.core.clock import utcnow
 from pal.engine.runs import child_run_id
-from pal.engine.steps import execute_step, utcnow
+from pal.engine.steps import execute_step
 from pal.engine.waiting import wake
 from pal.storage.schema import journal_events
 from tests.support.graphs import parent_of, single

@@ -12,12 +12,14 @@ import pytest
 
 from pal.cli.demo import wait_until
 from pal.client import Client
+from pal.core.clock import utcnow
+from pal.core.records import Event, Fence
 from pal.engine.recovery import sweep
 from pal.engine.runs import child_run_id
-from pal.engine.steps import execute_step, utcnow
+from pal.engine.services import NodeServices
+from pal.engine.steps import execute_step
 from pal.errors import Refused
 from pal.nodes.approval import approval_hash
-from pal.storage.journal import Event
 from tests.support.graphs import approval, loop, parent_of, single
 from tests.support.tools import calls
 
@@ -132,12 +134,11 @@ def test_a_re_driven_subagent_step_finds_its_child(client: Client, counter: Path
     sub = sent.pop(0)
     journal = client.runtime.journal
     # The worker running `sub` died after creating the child and before parking: run it again.
-    claim = journal.claim_step(run_id=run_id, step_id="sub", generation=1, worker_id="doomed",
-                               now=utcnow(), lease_ttl=30)
+    claim = journal.claim_step(Fence(run_id, 1, "doomed", utcnow(), 30), "sub")
     from pal.nodes.base import StepContext
 
-    ctx = StepContext(run_id=run_id, step_id="sub", attempt=claim.attempt, input={}, services=client.runtime)
-    first = client.runtime.start_child(ctx, child, {})
+    ctx = StepContext(run_id=run_id, step_id="sub", attempt=claim.attempt, input={}, services=NodeServices(client.runtime))
+    first = NodeServices(client.runtime).start_child(ctx, child, {})
     assert execute_step(client.runtime, *sub).outcome == "duplicate"  # same attempt, same generation
     from pal.engine.recovery import redrive
 
@@ -256,8 +257,7 @@ def test_cancel_with_a_running_child_a_waiting_approval_and_a_queued_step(client
     [kid] = journal.children(run_id)
     execute_step(client.runtime, *sent.pop(0))  # the child's trigger
     child_work = sent.pop(0)
-    running = journal.claim_step(run_id=kid.id, step_id="work", generation=child_work[2], worker_id="busy",
-                                 now=utcnow(), lease_ttl=30)
+    running = journal.claim_step(Fence(kid.id, child_work[2], "busy", utcnow(), 30), "work")
     assert running.outcome.value == "run"  # the child's step is running; `later` is still queued
     cancelled = client.cancel(run_id, reason="stop", by="ada")
     assert sorted(cancelled) == sorted([run_id, kid.id])
@@ -267,9 +267,7 @@ def test_cancel_with_a_running_child_a_waiting_approval_and_a_queued_step(client
     from pal.errors import LeaseLost
 
     with pytest.raises(LeaseLost):
-        journal.complete_step(run_id=kid.id, step_id="work", attempt=1, generation=child_work[2], output=1,
-                              worker_id="busy", now=utcnow(), lease_ttl=30,
-                              plan=lambda done: client.runtime.program_of(kid).handoff(done, "work"))
+        journal.complete_step(Fence(kid.id, child_work[2], "busy", utcnow(), 30), "work", 1, 1, plan=lambda done: client.runtime.program_of(kid).handoff(done, "work"))
     with pytest.raises(Refused):
         client.approve(run_id, "gate")
     for rid in (run_id, kid.id):
@@ -325,9 +323,9 @@ def test_a_child_is_never_started_under_a_cancelled_parent(client: Client, count
     child = single({"id": "c", "type": "tool", "data": {"tool": "noop"}})
     run_id = client.start_run(parent_of(child), {})
     client.cancel(run_id)
-    ctx = StepContext(run_id=run_id, step_id="sub", attempt=1, input={}, services=client.runtime)
+    ctx = StepContext(run_id=run_id, step_id="sub", attempt=1, input={}, services=NodeServices(client.runtime))
     with pytest.raises(Refused, match="starts no child runs"):
-        client.runtime.start_child(ctx, child, {})
+        NodeServices(client.runtime).start_child(ctx, child, {})
     assert client.runtime.journal.children(run_id) == []
 
 

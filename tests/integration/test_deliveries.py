@@ -9,7 +9,9 @@ from collections.abc import Iterator
 import pytest
 
 from pal.client import Client
-from pal.engine.steps import execute_step, utcnow
+from pal.core.clock import utcnow
+from pal.core.records import Fence
+from pal.engine.steps import execute_step
 from pal.nodes import idempotency_key
 from tests.support.graphs import email, webhook
 from tests.support.servers import SmtpReceiver, WebhookReceiver
@@ -38,9 +40,7 @@ def drain(client: Client, sent: Outbox) -> None:
 def plant_receipt(client: Client, run_id: str, status: str | None = None) -> str:
     """What a worker that died mid-delivery leaves behind: a claim (maybe settled) for attempt 1."""
     key = idempotency_key(run_id, "notify", 1)
-    client.runtime.journal.claim_receipt(
-        key=key, run_id=run_id, step_id="notify", attempt=1, effect_kind="webhook", target="earlier",
-        generation=1, worker_id="dead-worker", now=utcnow(), lease_ttl=30)
+    client.runtime.journal.claim_receipt(Fence(run_id, 1, "dead-worker", utcnow(), 30), key=key, step_id="notify", attempt=1, effect_kind="webhook", target="earlier")
     if status is not None:
         client.runtime.journal.settle_receipt(key=key, status=status, response={"status": 200}, now=utcnow())
     return key

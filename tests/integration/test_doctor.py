@@ -12,7 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 from pal.client import Client
-from pal.engine.steps import execute_step, utcnow
+from pal.core.clock import utcnow
+from pal.engine.steps import execute_step
 from pal.storage.schema import journal_events, run_locks, runs, side_effect_receipts
 from tests.conftest import Backend
 from tests.support.graphs import linear

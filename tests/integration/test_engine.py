@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pal.client import Client
-from pal.storage.journal import Event
+from pal.core.records import Event
 from tests.support.graphs import branching, failing, fan_out_in, linear
 from tests.support.tools import calls
 

@@ -20,7 +20,7 @@ from pal.client import Client
 from pal.core.doorbell import sign
 from pal.engine.steps import execute_step
 from pal.storage.schema import run_locks
-from pal.workers.app import EXECUTE_NODE
+from pal.workers.task_names import EXECUTE_NODE
 from tests.conftest import Backend
 from tests.integration.test_doctor import event
 from tests.support.graphs import approval, linear

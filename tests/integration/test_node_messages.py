@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import redis
 
-from pal.workers.app import EXECUTE_NODE, create_app
+from pal.workers.app import create_app
 from pal.workers.node_messages import NodePublisher
+from pal.workers.task_names import EXECUTE_NODE
 from tests.conftest import Backend
 
 # Fields that differ between any two messages: fresh ids, the sender's name, the event's times.

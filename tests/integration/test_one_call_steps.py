@@ -19,8 +19,10 @@ import sqlalchemy as sa
 
 import pal.storage.database
 from pal.client import Client
+from pal.core.clock import utcnow
+from pal.core.records import Fence
 from pal.engine.recovery import redrive
-from pal.engine.steps import execute_step, utcnow
+from pal.engine.steps import execute_step
 from pal.errors import LeaseLost
 from pal.storage.one_call import FunctionCall
 from tests.conftest import Backend
@@ -107,16 +109,12 @@ def test_a_stale_completion_still_dispatches_the_join_it_makes_ready(
     (_, step_a, generation), step_b = a.outbox.pop(0), a.outbox.pop(0)
     assert {step_a, step_b[1]} == {"a", "b"}
     journal_b = b.client.runtime.journal
-    claim = journal_b.claim_step(run_id=run_id, step_id="a", generation=generation, worker_id="B",
-                                 now=utcnow(), lease_ttl=30)
+    claim = journal_b.claim_step(Fence(run_id, generation, "B", utcnow(), 30), "a")
     assert claim.outcome.value == "run" and claim.run is not None
     assert a.deliver((run_id, "b", generation)) == "completed"  # b completes while a runs on B
     program = b.client.runtime.program_of(claim.run)
     # From B's log (start only) a's completion would dispatch c alone; with b done, j is ready too.
-    handoff = journal_b.complete_step(
-        run_id=run_id, step_id="a", attempt=claim.attempt, generation=generation, output={"label": "a"},
-        worker_id="B", now=utcnow(), lease_ttl=30,
-        plan=lambda done: program.handoff(done, "a"), frontier=program.redrive_steps)
+    handoff = journal_b.complete_step(Fence(run_id, generation, "B", utcnow(), 30), "a", claim.attempt, {"label": "a"}, plan=lambda done: program.handoff(done, "a"), frontier=program.redrive_steps)
     assert sorted(handoff.dispatch) == ["c", "j"]
     for step in handoff.dispatch:
         assert b.deliver((run_id, step, generation)) == "completed"
@@ -132,15 +130,12 @@ def test_a_completion_fenced_out_mid_step_is_refused(two: tuple[Process, Process
     assert a.deliver(a.outbox.pop(0)) == "completed"
     _, step, generation = a.outbox.pop(0)
     journal = a.client.runtime.journal
-    claim = journal.claim_step(run_id=run_id, step_id=step, generation=generation, worker_id="zombie",
-                               now=utcnow(), lease_ttl=30)
+    claim = journal.claim_step(Fence(run_id, generation, "zombie", utcnow(), 30), step)
     assert claim.outcome.value == "run" and claim.run is not None
     assert redrive(a.client.runtime, run_id, require_expired=False) is not None
     program = a.client.runtime.program_of(claim.run)
     with pytest.raises(LeaseLost):  # the hand-off (s1) would be a plain dispatch: the one-call path
-        journal.complete_step(run_id=run_id, step_id=step, attempt=claim.attempt, generation=generation,
-                              output={"label": "late"}, worker_id="zombie", now=utcnow(), lease_ttl=30,
-                              plan=lambda done: program.handoff(done, step))
+        journal.complete_step(Fence(run_id, generation, "zombie", utcnow(), 30), step, claim.attempt, {"label": "late"}, plan=lambda done: program.handoff(done, step))
     assert [e for e in a.client.events(run_id) if e.kind == "step_completed" and e.step_id == step] == []
 
 

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from pal.client import Client
+from pal.core.clock import utcnow
+from pal.core.records import Fence
 from pal.engine.recovery import redrive
-from pal.engine.steps import execute_step, utcnow
+from pal.engine.steps import execute_step
 from tests.conftest import Backend
 from tests.support.graphs import fan_out_in, linear
 from tests.support.tools import calls
@@ -74,10 +76,8 @@ def test_duplicate_claim_of_an_attempt_in_flight_is_refused(
     run_id = client.start_run(linear(counter, 1), {})
     journal = client.runtime.journal
     _, step_id, generation = outbox.pop(0)
-    first = journal.claim_step(run_id=run_id, step_id=step_id, generation=generation,
-                               worker_id="w1", now=utcnow(), lease_ttl=30)
-    second = journal.claim_step(run_id=run_id, step_id=step_id, generation=generation,
-                                worker_id="w2", now=utcnow(), lease_ttl=30)
+    first = journal.claim_step(Fence(run_id, generation, "w1", utcnow(), 30), step_id)
+    second = journal.claim_step(Fence(run_id, generation, "w2", utcnow(), 30), step_id)
     assert first.outcome.value == "run"
     assert second.outcome.value == "duplicate"
     started = [e for e in client.events(run_id) if e.kind == "step_started"]
@@ -154,8 +154,7 @@ def test_resume_takes_an_idle_live_lease_but_never_a_busy_one(client: Client, ou
     run_id = client.start_run(linear(counter, 1), {})
     deliver(client, outbox.pop(0))  # the trigger; s0's message is now in the outbox, lease live
     s0 = outbox.pop(0)
-    claim = client.runtime.journal.claim_step(run_id=run_id, step_id="s0", generation=s0[2],
-                                              worker_id="busy-worker", now=utcnow(), lease_ttl=30)
+    claim = client.runtime.journal.claim_step(Fence(run_id, s0[2], "busy-worker", utcnow(), 30), "s0")
     assert claim.outcome.value == "run"  # s0 is now running under the live lease
     with pytest.raises(ResumeRefused, match="s0 running under busy-worker"):
         resume(client.runtime, run_id)

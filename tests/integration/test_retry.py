@@ -6,8 +6,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from pal.client import Client
+from pal.core.clock import utcnow
 from pal.engine.recovery import sweep
-from pal.engine.steps import execute_step, utcnow
+from pal.engine.steps import execute_step
 from tests.support.graphs import flaky
 from tests.support.tools import calls
 

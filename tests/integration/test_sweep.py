@@ -12,9 +12,10 @@ import pytest
 import sqlalchemy as sa
 
 from pal.client import Client
+from pal.core.clock import utcnow
+from pal.core.records import Fence, Recovery
 from pal.engine.recovery import RECOVERY_LEASE_SECONDS, ResumeRefused, redrive, resume, sweep
-from pal.engine.steps import execute_step, utcnow
-from pal.storage.journal import Recovery
+from pal.engine.steps import execute_step
 from pal.storage.schema import run_locks, runs
 from tests.conftest import Backend
 from tests.support.graphs import linear, single
@@ -91,8 +92,7 @@ def test_resume_refuses_a_busy_live_lease_and_a_finished_run(client: Client, out
                                                              counter: Path) -> None:
     run_id = client.start_run(linear(counter, 1), {})
     # A worker is running the trigger under the live lease.
-    client.runtime.journal.claim_step(run_id=run_id, step_id="start", generation=1, worker_id="w1",
-                                      now=utcnow(), lease_ttl=30)
+    client.runtime.journal.claim_step(Fence(run_id, 1, "w1", utcnow(), 30), "start")
     with pytest.raises(ResumeRefused, match="its lease is live"):
         resume(client.runtime, run_id)
     lease = client.runtime.journal.get_lease(run_id)
@@ -115,21 +115,16 @@ def test_zombie_worker_is_fenced_out(client: Client, outbox: list[Message], coun
     execute_step(client.runtime, *outbox.pop(0))
     _, step, old_generation = outbox.pop(0)
     journal = client.runtime.journal
-    claim = journal.claim_step(run_id=run_id, step_id=step, generation=old_generation,
-                               worker_id="zombie", now=utcnow(), lease_ttl=30)
+    claim = journal.claim_step(Fence(run_id, old_generation, "zombie", utcnow(), 30), step)
     assert claim.outcome.value == "run"
     stolen = redrive(client.runtime, run_id, require_expired=False)
     assert stolen is not None
+    from pal.core.records import Handoff
     from pal.errors import LeaseLost
-    from pal.plan.interpreter import Handoff
 
     with pytest.raises(LeaseLost):
-        journal.complete_step(run_id=run_id, step_id=step, attempt=1, generation=old_generation,
-                              output="late", worker_id="zombie", now=utcnow(), lease_ttl=30,
-                              plan=lambda done: Handoff((), False))
-    assert not journal.fail_step(run_id=run_id, step_id=step, attempt=1, generation=old_generation,
-                                 error={"type": "X", "message": "late"}, worker_id="zombie",
-                                 now=utcnow(), lease_ttl=30)
+        journal.complete_step(Fence(run_id, old_generation, "zombie", utcnow(), 30), step, 1, "late", plan=lambda done: Handoff((), False))
+    assert not journal.fail_step(Fence(run_id, old_generation, "zombie", utcnow(), 30), step, 1, {"type": "X", "message": "late"})
     while outbox:
         execute_step(client.runtime, *outbox.pop(0))
     completed = [e for e in client.events(run_id) if e.kind == "step_completed" and e.step_id == step]
@@ -202,8 +197,7 @@ def test_a_claimed_recovery_is_not_sent_again(client: Client, outbox: list[Messa
     assert lease is not None
     stolen_at = lease.expires_at + timedelta(seconds=1)
     sweep(client.runtime, now=stolen_at)
-    claim = client.runtime.journal.claim_step(run_id=run_id, step_id="start", generation=2, worker_id="w1",
-                                              now=stolen_at, lease_ttl=RECOVERY_LEASE_SECONDS)
+    claim = client.runtime.journal.claim_step(Fence(run_id, 2, "w1", stolen_at, RECOVERY_LEASE_SECONDS), "start")
     assert claim.outcome.value == "run"
     later = stolen_at + timedelta(seconds=RECOVERY_LEASE_SECONDS - 1)
     assert sweep(client.runtime, now=later).redelivered == {}

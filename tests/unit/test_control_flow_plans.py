@@ -10,6 +10,7 @@ import pytest
 from pal.errors import GraphError
 from pal.plan.graph import parse_graph
 from pal.plan.interpreter import GraphProgram
+from pal.plan.programs import parse_plan
 from tests.support.graphs import approval, edge, loop, parent_of, single
 
 
@@ -64,7 +65,7 @@ def test_approval_branches_follow_the_decision(tmp_path: Path) -> None:
 
 def bad(graph: dict[str, Any], fragment: str) -> None:
     with pytest.raises(GraphError) as caught:
-        parse_graph(graph)
+        parse_plan(graph, known_tools=None)
     assert fragment in str(caught.value), str(caught.value)
 
 

@@ -7,7 +7,7 @@ from decimal import Decimal
 from typing import Any
 
 from pal.api.waterfall import waterfall
-from pal.storage.journal import Event, RunRecord
+from pal.core.records import Event, RunRecord
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -30,6 +30,8 @@ from pal.api.headers import SecurityHeaders, add_docs
 from pal.api.limits import BodyLimit, UnstorableUrl, max_request_bytes, unstorable_problem
 from pal.api.notify import JournalNotifier
 from pal.config import Settings
+from pal.core.records import Event, RunRecord
+from pal.core.vocabulary import IN_FLIGHT_STATUSES, TERMINAL_EVENT_KINDS, TERMINAL_STATUSES
 from pal.engine.runtime import Runtime
 from pal.errors import (
     GraphError,
@@ -41,8 +43,6 @@ from pal.errors import (
     StorageError,
 )
 from pal.storage.database import normalize_url
-from pal.storage.journal import Event, RunRecord
-from pal.storage.schema import IN_FLIGHT_STATUSES, TERMINAL_EVENT_KINDS, TERMINAL_STATUSES
 
 STATUSES = (*IN_FLIGHT_STATUSES, "waiting", *TERMINAL_STATUSES)
 SSE_POLL_SECONDS = 0.2  # SQLite: how often a stream looks for new events
@@ -189,7 +189,7 @@ def create_api(settings: Settings, runtime: Runtime | None = None,
 
     @api.post("/v1/runs/{run_id}/cancel")
     def cancel(run_id: str, caller: Auth, body: Cancel | None = None) -> dict[str, Any]:
-        from pal.engine.waiting import cancel as cancel_run
+        from pal.engine.runs import cancel as cancel_run
 
         own_run(run_id, caller)
         return {"cancelled": cancel_run(rt, run_id, by=f"tenant:{caller.tenant_id}",
@@ -247,7 +247,7 @@ def create_api(settings: Settings, runtime: Runtime | None = None,
     def waterfall(run_id: str, caller: Auth) -> dict[str, Any]:
         """The run waterfall: one row per step on a shared time axis (what the dashboard draws)."""
         from pal.api.waterfall import waterfall as build
-        from pal.engine.steps import utcnow
+        from pal.core.clock import utcnow
 
         run = own_run(run_id, caller)
         return build(run, rt.journal.events(run_id), utcnow())

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pal.storage.journal import Event, RunRecord
+from pal.core.records import Event, RunRecord
 
 # Events after which newly ready steps are dispatched: a step's queue wait starts at the last one.
 _DISPATCHING = ("run_queued", "step_completed", "run_recovered", "approval_decided", "step_retrying")

@@ -189,7 +189,7 @@ def runs_list(
 ) -> None:
     """List runs, newest first."""
     from pal.cli.progress import console, runs_table
-    from pal.storage.schema import IN_FLIGHT_STATUSES, TERMINAL_STATUSES
+    from pal.core.vocabulary import IN_FLIGHT_STATUSES, TERMINAL_STATUSES
 
     valid = (*IN_FLIGHT_STATUSES, "waiting", *TERMINAL_STATUSES)
     if status is not None and status not in valid:
@@ -341,7 +341,7 @@ def runs_stuck(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """List queued or running runs whose lease is missing or expired, and for how long."""
-    from pal.engine.steps import utcnow
+    from pal.core.clock import utcnow
 
     now = utcnow()
     try:
@@ -371,8 +371,8 @@ def tokens_create(
     name: Annotated[str, typer.Option(help="A label, e.g. who or what uses it.")] = "default",
 ) -> None:
     """Create a token; its secret is printed once (only a hash is stored)."""
+    from pal.core.clock import utcnow
     from pal.engine.runs import RUN_ID
-    from pal.engine.steps import utcnow
 
     if not RUN_ID.fullmatch(tenant) or len(tenant) > 64:
         _fail(f"tenant {tenant!r} is invalid: 1-64 letters, digits, _ . : - starting with a letter or digit",
@@ -389,7 +389,7 @@ def tokens_create(
 @tokens_app.command("revoke")
 def tokens_revoke(token_id: str) -> None:
     """Revoke a token at once."""
-    from pal.engine.steps import utcnow
+    from pal.core.clock import utcnow
 
     if not _client().runtime.journal.revoke_token(token_id=token_id, now=utcnow()):
         _fail(f"no live token {token_id!r}", EXIT_NOT_FOUND)

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pal.storage.journal import Event, RunRecord
+from pal.core.records import Event, RunRecord
 
 _MARKS = {
     "run_queued": "·", "step_started": "▶", "step_completed": "✓", "step_failed": "✗",

@@ -21,16 +21,16 @@ from datetime import datetime
 from typing import Any
 
 from pal.config import Settings
+from pal.core.clock import utcnow
+from pal.core.records import Recovery, RunRecord
 from pal.engine.runtime import Runtime
-from pal.engine.steps import utcnow
+from pal.engine.waiting import wake
 from pal.errors import LeaseBusy, PalError
-from pal.storage.journal import Recovery, RunRecord
 
 log = logging.getLogger(__name__)
 
 SWEEP_BATCH = 20  # runs per pass, as the specification says
 RECOVERY_LEASE_SECONDS = 600.0  # the stolen lease's TTL: a fresh 10 minutes
-SWEEP_TASK = "pal.sweep_orphans"
 
 
 class ResumeRefused(PalError):
@@ -43,18 +43,6 @@ class SweepReport:
     recovered: dict[str, Recovery] = field(default_factory=dict)
     woken: dict[str, int] = field(default_factory=dict)  # parked runs looked at: steps resumed
     redelivered: dict[str, Recovery] = field(default_factory=dict)  # recoveries sent again
-
-
-def sweep_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The celery beat entry of the orphan sweep (declared in beat_schedule.py)."""
-    return {
-        "pal-sweep-orphans": {
-            "task": SWEEP_TASK,
-            "schedule": settings.recovery_interval,
-            # A pass older than one interval is pointless: the next one is already due.
-            "options": {"queue": settings.queue, "expires": settings.recovery_interval},
-        }
-    }
 
 
 def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True, allow_idle: bool = False,
@@ -104,8 +92,6 @@ def sweep(rt: Runtime, now: datetime | None = None) -> SweepReport:
     with rt.publish_batch():
         _redrive_all(rt, orphans, now, report)
         _redeliver_all(rt, now, report)
-    from pal.engine.waiting import wake
-
     for run_id in rt.journal.due_waiting_runs(now=now, limit=SWEEP_BATCH):
         try:
             report.woken[run_id] = wake(rt, run_id, now=now)

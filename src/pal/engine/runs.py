@@ -1,4 +1,5 @@
-"""Starting and re-driving runs: validate everything first, then one transaction, then publish."""
+"""A run's lifecycle: start one (validate everything first, then one transaction, then publish),
+start a subagent's child run, and cancel a run tree."""
 
 from __future__ import annotations
 
@@ -6,15 +7,17 @@ import hashlib
 import json
 import re
 import uuid
+from datetime import datetime
 from typing import Any
 
 from pal.config import DEFAULT_MAX_JSON_DEPTH
+from pal.core.clock import utcnow
 from pal.core.limits import depth_problem
+from pal.core.records import RunRecord
 from pal.engine.runtime import Runtime
-from pal.engine.steps import utcnow
+from pal.engine.waiting import wake_quietly
 from pal.errors import InputError, WorkLimitExceeded
 from pal.plan.programs import parse_plan
-from pal.storage.journal import RunRecord
 from pal.tools import registered_tools
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
@@ -111,3 +114,14 @@ def _check_room_for_a_child(rt: Runtime, parent: RunRecord) -> None:
     if existing >= rt.settings.max_child_runs:
         raise WorkLimitExceeded(f"run {root} already has {existing} child runs, the most "
                                 f"PAL_MAX_CHILD_RUNS allows ({rt.settings.max_child_runs})")
+
+
+def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None,
+           now: datetime | None = None) -> list[str]:
+    """Cancel a run and its unfinished descendants; each journals `run_cancelled` once. A parent
+    waiting on a cancelled run is woken (its subagent step then fails)."""
+    run = rt.journal.get_run(run_id)
+    cancelled = rt.journal.cancel_run(run_id=run_id, now=now or utcnow(), by=by, reason=reason)
+    if run.parent_run_id:
+        wake_quietly(rt, run.parent_run_id)
+    return cancelled

@@ -1,5 +1,5 @@
-"""What a PAL process needs to run steps: settings, the journal, parsed plans, a publisher,
-and the services effectful nodes use (providers, prices, delivery settings)."""
+"""What a PAL process needs to run steps: settings, the journal, parsed plans, a publisher, the
+lease heartbeat and model prices (nodes reach these through pal.engine.services)."""
 
 from __future__ import annotations
 
@@ -7,25 +7,24 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from datetime import UTC, datetime
 from decimal import Decimal
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Protocol
 
 from pal.config import Settings
-from pal.core import doorbell
+from pal.core import doorbell, faults
+from pal.core.clock import utcnow
 from pal.core.lru import Lru
+from pal.core.records import Fence, RunRecord
 from pal.engine import builtin_tools  # noqa: F401  (registers the built-in tools)
 from pal.engine.heartbeat import LeaseKeeper
-from pal.nodes.base import StepContext
 from pal.plan.interpreter import Program
 from pal.plan.programs import program_of
-from pal.providers import Provider, get_provider
-from pal.providers.pricing import cost, load_prices
+from pal.providers.pricing import load_prices
 from pal.storage.database import shared_engine
-from pal.storage.journal import Journal, RunRecord
+from pal.storage.journal import Journal
 from pal.tools import load_tool_modules
 
 
@@ -54,12 +53,11 @@ class Runtime:
         load_tool_modules(settings.tool_modules)
 
     def _renew_lease(self, run_id: str, generation: int) -> bool:
-        return self.journal.renew_lease(run_id=run_id, generation=generation, worker_id=self.worker_id,
-                                        now=datetime.now(UTC), lease_ttl=self.settings.lease_ttl)
+        return self.journal.renew_lease(self.fence(run_id, generation))
 
     @cached_property
     def journal(self) -> Journal:
-        return Journal(shared_engine(self.settings.database_url))
+        return Journal(shared_engine(self.settings.database_url), program_of=program_of)
 
     def uses_secrets(self, run: RunRecord) -> bool:
         """Whether the run's plan mentions `secrets` at all (then what its steps journal is scrubbed
@@ -78,6 +76,18 @@ class Runtime:
     def doorbell_is_genuine(self, run_id: str, step_id: str, generation: int, signature: object) -> bool:
         return doorbell.verify(self.journal.fence_key, run_id, step_id, generation, signature)
 
+    def fence(self, run_id: str, generation: int) -> Fence:
+        """This process's fence for a write of `generation` now (the lease runs PAL_LEASE_TTL on)."""
+        return Fence(run_id, generation, self.worker_id, utcnow(), self.settings.lease_ttl)
+
+    def hand_off(self, run_id: str, step_id: str, successors: Sequence[str], generation: int) -> None:
+        """Ring the successors of a completed step, only after its completion has committed: a
+        crash before (the fault points) leaves a lease that lapses, and the sweep re-drives them."""
+        faults.point("after_complete_commit", step_id, run_id)
+        for successor in successors:
+            faults.point("before_publish", step_id, run_id)
+            self.publish(run_id, successor, generation)
+
     @property
     def worker_id(self) -> str:
         # Computed per call: a forked pool process must not report its parent's pid.
@@ -92,25 +102,7 @@ class Runtime:
             self._plans.put(key, plan)
         return plan
 
-    # ------------------------------------------------ services for nodes (pal.nodes.base.Services)
-
     @cached_property
-    def _prices(self) -> dict[str, tuple[Decimal, Decimal]]:
+    def prices(self) -> dict[str, tuple[Decimal, Decimal]]:
+        """Model prices (PAL_PRICES over the built-in table), read once per process."""
         return load_prices(self.settings.prices)
-
-    def provider(self, name: str) -> Provider:
-        base_urls = {"openai": self.settings.openai_base_url,
-                     "anthropic": self.settings.anthropic_base_url}
-        return get_provider(name, base_urls=base_urls, timeout=self.settings.provider_timeout)
-
-    def price(self, model: str, input_tokens: int, output_tokens: int,
-              answered_model: str | None = None) -> Decimal | None:
-        return cost(self._prices, model, input_tokens, output_tokens, answered_model)
-
-    def setting(self, name: str) -> Any:
-        return getattr(self.settings, name)
-
-    def start_child(self, ctx: StepContext, document: Mapping[str, Any], child_input: Any) -> str:
-        from pal.engine.runs import start_child_run
-
-        return start_child_run(self, ctx.run_id, ctx.step_id, ctx.attempt, dict(document), child_input)

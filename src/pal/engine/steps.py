@@ -12,16 +12,19 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pal.config import Settings
 from pal.core import faults, retry
+from pal.core.clock import utcnow
 from pal.core.limits import depth_problem
+from pal.core.records import ClaimOutcome, Receipt, RunRecord
 from pal.core.redact import redact, redact_text
 from pal.core.secrets import scrub_known
 from pal.engine.heartbeat import LeaseGone, TimeLimitReached
 from pal.engine.runtime import Runtime
+from pal.engine.services import NodeServices
+from pal.engine.waiting import wake_quietly
 from pal.errors import (
     LeaseLost,
     OutputTooLarge,
@@ -32,16 +35,11 @@ from pal.errors import (
     WorkLimitExceeded,
 )
 from pal.nodes import NodeResult, StepContext, idempotency_key
-from pal.nodes.base import Park, Receipt
+from pal.nodes.base import Park
 from pal.plan.interpreter import Program
-from pal.storage.journal import ClaimOutcome, RunRecord
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)
@@ -62,9 +60,8 @@ class JournalReceipts:
     # What a receipt records is redacted (pal.core.redact): a target URL may carry credentials.
     def claim(self, effect_kind: str, target: str) -> Receipt:
         return self._rt.journal.claim_receipt(
-            key=self._key, run_id=self._run_id, step_id=self._step_id, attempt=self._attempt,
-            effect_kind=effect_kind, target=redact_text(target), generation=self._generation,
-            worker_id=self._rt.worker_id, now=utcnow(), lease_ttl=self._rt.settings.lease_ttl)
+            self._rt.fence(self._run_id, self._generation), key=self._key, step_id=self._step_id,
+            attempt=self._attempt, effect_kind=effect_kind, target=redact_text(target))
 
     def settle(self, status: str, response: Any) -> None:
         if status != "delivered":  # an error's text; a delivered response is the step's own data
@@ -72,10 +69,8 @@ class JournalReceipts:
         self._rt.journal.settle_receipt(key=self._key, status=status, response=response, now=utcnow())
 
     def in_doubt(self, detail: Any) -> None:
-        self._rt.journal.mark_in_doubt(
-            run_id=self._run_id, step_id=self._step_id, attempt=self._attempt,
-            generation=self._generation, detail=redact(detail), worker_id=self._rt.worker_id, now=utcnow(),
-            lease_ttl=self._rt.settings.lease_ttl)
+        self._rt.journal.mark_in_doubt(self._rt.fence(self._run_id, self._generation), self._step_id,
+                                       self._attempt, redact(detail))
 
 
 def error_of(exc: BaseException) -> dict[str, Any]:
@@ -104,10 +99,9 @@ def step_time_limit(data: Mapping[str, Any], settings: Settings) -> float:
 
 def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> StepResult:
     """Run one step of one run, exactly as one `pal.execute_node` message asks."""
-    settings, journal, worker_id = rt.settings, rt.journal, rt.worker_id
+    settings, journal = rt.settings, rt.journal
     claim = _once_more_if_disconnected(lambda: journal.claim_step(
-        run_id=run_id, step_id=step_id, generation=generation, worker_id=worker_id, now=utcnow(),
-        lease_ttl=settings.lease_ttl,
+        rt.fence(run_id, generation), step_id,
         ready=lambda run, completed: rt.program_of(run).is_ready(completed, step_id)))
     if claim.outcome is ClaimOutcome.BACKOFF:
         # A re-drive reached a step that is waiting out its backoff: ring again when it is due
@@ -131,7 +125,8 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
         node = program.node(step_id)
         outputs, loop = program.view(step_id, claim.completed or {})
         ctx = StepContext(run_id=run_id, step_id=step_id, attempt=claim.attempt, input=claim.run.input,
-                          outputs=outputs, services=rt, receipts=receipts, started_at=utcnow(), loop=loop)
+                          outputs=outputs, services=NodeServices(rt), receipts=receipts,
+                          started_at=utcnow(), loop=loop)
         policy = retry.parse_policy(node.data.get("retry"))
         limit_s = step_time_limit(node.data, settings)
         with rt.leases.holding(run_id, generation, limit_s):
@@ -162,20 +157,15 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
         return _park(rt, claim.run, step_id, claim.attempt, generation, result, program)
     try:
         handoff = _once_more_if_disconnected(lambda: journal.complete_step(
-            run_id=run_id, step_id=step_id, attempt=claim.attempt, generation=generation,
-            output=result.output, worker_id=worker_id, now=utcnow(), lease_ttl=settings.lease_ttl,
+            rt.fence(run_id, generation), step_id, claim.attempt, result.output,
             plan=lambda completed: program.handoff(completed, step_id), usage=result.usage,
-            frontier=program.redrive_steps,
-        ))
+            frontier=program.redrive_steps))
     except LeaseLost:
         log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
         return StepResult("fenced")
     # Publish only after the commit: a crash here leaves a lease that expires and the sweep
     # re-drives the successors.
-    faults.point("after_complete_commit", step_id, run_id)
-    for successor in handoff.dispatch:
-        faults.point("before_publish", step_id, run_id)
-        rt.publish(run_id, successor, generation)
+    rt.hand_off(run_id, step_id, handoff.dispatch, generation)
     if handoff.finished:
         _wake_parent(rt, claim.run.parent_run_id)
     return StepResult("completed", handoff.dispatch, handoff.finished)
@@ -200,10 +190,8 @@ def _park(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: i
           program: Program) -> StepResult:
     """Journal `step_waiting` and, when nothing else is in flight, park the run."""
     try:
-        parked = rt.journal.park_step(
-            run_id=run.id, step_id=step_id, attempt=attempt, generation=generation,
-            payload=park.payload, wake_at=park.wake_at, worker_id=rt.worker_id, now=utcnow(),
-            lease_ttl=rt.settings.lease_ttl, frontier=program.redrive_steps)
+        parked = rt.journal.park_step(rt.fence(run.id, generation), step_id, attempt, payload=park.payload,
+                                      wake_at=park.wake_at, frontier=program.redrive_steps)
     except LeaseLost:
         log.warning("run %s step %s: fenced out (generation %d)", run.id, step_id, generation)
         return StepResult("fenced")
@@ -220,11 +208,8 @@ def _park(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: i
 
 
 def _wake_parent(rt: Runtime, parent_run_id: str | None) -> None:
-    if parent_run_id is None:
-        return
-    from pal.engine.waiting import wake_quietly
-
-    wake_quietly(rt, parent_run_id)
+    if parent_run_id is not None:
+        wake_quietly(rt, parent_run_id)
 
 
 def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: int,
@@ -234,10 +219,8 @@ def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: in
     error = error_of(exc)
     decision = retry.decide(policy, attempt, error["class"])
     if decision.retry:
-        kept = journal.retry_step(
-            run_id=run_id, step_id=step_id, attempt=attempt, of=policy.max_attempts,
-            generation=generation, error=error, backoff_s=decision.backoff_s,
-            worker_id=rt.worker_id, now=utcnow(), lease_ttl=settings.lease_ttl)
+        kept = journal.retry_step(rt.fence(run_id, generation), step_id, attempt, of=policy.max_attempts,
+                                  error=error, backoff_s=decision.backoff_s)
         if not kept:
             return StepResult("fenced")
         faults.point("after_retry_commit", step_id, run_id)
@@ -248,9 +231,7 @@ def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: in
         return StepResult("retrying", (step_id,))
     if policy.max_attempts > 1:
         error["retry"] = decision.reason
-    failed = journal.fail_step(run_id=run_id, step_id=step_id, attempt=attempt,
-                               generation=generation, error=error,
-                               worker_id=rt.worker_id, now=utcnow(), lease_ttl=settings.lease_ttl)
+    failed = journal.fail_step(rt.fence(run_id, generation), step_id, attempt, error)
     log.info("run %s step %s failed: %s", run_id, step_id, exc)
     if failed:
         _wake_parent(rt, parent_run_id)

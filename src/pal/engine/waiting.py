@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from pal.core import faults
+from pal.core.clock import utcnow
+from pal.core.records import Handoff, RunRecord
 from pal.engine.runtime import Runtime
-from pal.engine.steps import utcnow
 from pal.errors import PalError, Refused, StepError
-from pal.plan.interpreter import GraphProgram, Handoff, Program
-from pal.storage.journal import WAIT_RECHECK_SECONDS, RunRecord
+from pal.plan.interpreter import GraphProgram, Program
+from pal.storage.primitives import WAIT_RECHECK_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +58,6 @@ class PendingApproval:
                 "expires_at": self.expires_at, "depth": self.depth}
 
 
-def _publish(rt: Runtime, run_id: str, step_id: str, decision: Handoff, generation: int) -> None:
-    # The same fault points as a worker's hand-off: a decider killed here leaves a lease that
-    # lapses, and the sweep publishes the branch.
-    faults.point("after_complete_commit", step_id, run_id)
-    for successor in decision.dispatch:
-        faults.point("before_publish", step_id, run_id)
-        rt.publish(run_id, successor, generation)
-
-
 def _resume(rt: Runtime, run: RunRecord, step_id: str, *, output: Any = None,
             error: Mapping[str, Any] | None = None, event: tuple[str, Mapping[str, Any]] | None = None,
             check: Any = None, now: datetime | None = None) -> Handoff:
@@ -75,7 +66,9 @@ def _resume(rt: Runtime, run: RunRecord, step_id: str, *, output: Any = None,
         run_id=run.id, step_id=step_id, now=now or utcnow(), lease_ttl=rt.settings.lease_ttl,
         plan=lambda completed: program.handoff(completed, step_id), output=output, error=error,
         event=event, check=check, frontier=program.redrive_steps)
-    _publish(rt, run.id, step_id, decision, generation)
+    # The decider's hand-off has the worker's fault points: a decider killed here leaves a lease
+    # that lapses, and the sweep publishes the branch.
+    rt.hand_off(run.id, step_id, decision.dispatch, generation)
     if decision.finished and run.parent_run_id:
         wake_quietly(rt, run.parent_run_id)
     return decision
@@ -213,13 +206,3 @@ def pending_approvals(rt: Runtime, run_id: str, depth: int = 0) -> list[PendingA
             found += pending_approvals(rt, child.id, depth + 1)
     return found
 
-
-def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None,
-           now: datetime | None = None) -> list[str]:
-    """Cancel a run and its unfinished descendants; each journals `run_cancelled` once. A parent
-    waiting on a cancelled run is woken (its subagent step then fails)."""
-    run = rt.journal.get_run(run_id)
-    cancelled = rt.journal.cancel_run(run_id=run_id, now=now or utcnow(), by=by, reason=reason)
-    if run.parent_run_id:
-        wake_quietly(rt, run.parent_run_id)
-    return cancelled

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from pal.core.records import Usage
 from pal.errors import GraphError
 from pal.nodes.ai_step import AiStep
 from pal.nodes.approval import Approval
-from pal.nodes.base import NodeKind, NodeResult, StepContext, Usage, idempotency_key
+from pal.nodes.base import NodeKind, NodeResult, StepContext, idempotency_key
 from pal.nodes.condition import Condition
 from pal.nodes.connector import Connector
 from pal.nodes.email import Email

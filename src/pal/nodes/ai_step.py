@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, ClassVar
 
+from pal.core.records import Usage
 from pal.errors import StepError
-from pal.nodes.base import Field, NodeKind, NodeResult, StepContext, Usage
+from pal.nodes.base import Field, NodeKind, NodeResult, StepContext
 from pal.providers import PROVIDERS, ModelRequest, ModelResponse, ToolSpec
 
 DEFAULT_PROVIDER = "scripted"

@@ -35,7 +35,6 @@ class Approval(NodeKind):
         "label": Field((str,), templated=False),
     }
     branches: ClassVar[tuple[str, ...]] = BRANCHES
-    waits = True
 
     def validate(self, data: Mapping[str, Any], known_tools: frozenset[str] | None) -> list[str]:
         problems = super().validate(data, known_tools)

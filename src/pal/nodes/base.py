@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pal.core import retry, templates
+from pal.core.records import Receipt, Usage
 from pal.core.views import AsNodeOutputs
 
 if TYPE_CHECKING:
@@ -21,14 +22,6 @@ def idempotency_key(run_id: str, step_id: str, attempt: int) -> str:
     """sha256("runID|stepID|attempt"), the key every external effect of a step carries."""
     return hashlib.sha256(f"{run_id}|{step_id}|{attempt}".encode()).hexdigest()
 
-
-@dataclass(frozen=True)
-class Usage:
-    """Tokens and dollars one step spent; the journal adds them to the run's totals once."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_usd: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True)
@@ -48,14 +41,6 @@ class Park:
     payload: Mapping[str, Any]
     wake_at: datetime | None = None
 
-
-@dataclass(frozen=True)
-class Receipt:
-    """A row of side_effect_receipts as a delivering node sees it."""
-
-    status: str  # "claimed" | "delivered" | "failed"
-    response: Any
-    new: bool  # this call created the claim (False: an earlier invocation did)
 
 
 class ReceiptBook(Protocol):
@@ -156,7 +141,7 @@ class NodeKind(ABC):
     fields: ClassVar[Mapping[str, Field]] = {}
     branches: ClassVar[tuple[str, ...]] = ()  # outgoing edges pick one by sourceHandle
     allows_cycles: ClassVar[bool] = False  # only loop nodes may close a cycle
-    waits: ClassVar[bool] = False  # returns Park: approval, subagent
+    embedded_plans: ClassVar[tuple[str, ...]] = ()  # fields holding a whole plan (subagent: graph)
     opaque_fields: ClassVar[tuple[str, ...]] = ()  # hold an embedded plan, validated on its own
 
     def validate(self, data: Mapping[str, Any], known_tools: frozenset[str] | None) -> list[str]:

@@ -26,7 +26,7 @@ class Subagent(NodeKind):
         "onChildApproval": Field((str,), templated=False),
         "label": Field((str,), templated=False),
     }
-    waits = True
+    embedded_plans = ("graph",)  # validated by the planner (pal.plan.programs)
     opaque_fields = ("graph",)
 
     def validate(self, data: Mapping[str, Any], known_tools: frozenset[str] | None) -> list[str]:
@@ -34,11 +34,6 @@ class Subagent(NodeKind):
         mode = data.get("onChildApproval", "wait")
         if mode not in CHILD_APPROVAL_MODES:
             problems.append(f"onChildApproval must be one of {', '.join(CHILD_APPROVAL_MODES)}, not {mode!r}")
-        graph = data.get("graph")
-        if isinstance(graph, Mapping):
-            from pal.plan.programs import plan_problems
-
-            problems.extend(f"graph: {p}" for p in plan_problems(graph, known_tools))
         return problems
 
     def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:

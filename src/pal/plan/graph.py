@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -25,6 +25,9 @@ from pal.core import templates
 from pal.core.limits import load_yaml
 from pal.errors import GraphError
 from pal.nodes import KINDS, NodeKind, get_kind
+
+EmbeddedCheck = Callable[[Mapping[str, Any], frozenset[str] | None], list[str]]
+"""The problems of a plan a node embeds, given the known tools (empty when valid)."""
 
 NODE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}\Z")
 TOP_LEVEL_KEYS = frozenset({"nodes", "edges", "viewport", "name", "description", "metadata"})
@@ -130,8 +133,11 @@ def parse_graph(
     *,
     known_tools: frozenset[str] | None = None,
     max_bytes: int | None = None,
+    embedded: EmbeddedCheck | None = None,
 ) -> Graph:
-    """Validate a decoded graph document and return the Graph, or raise GraphError."""
+    """Validate a decoded graph document and return the Graph, or raise GraphError. `embedded`
+    checks the plans that nodes embed (a subagent's graph); pal.plan.programs passes it, so a node
+    kind never imports the planner."""
     if isinstance(document, str):
         document = load_graph_text(document, max_bytes=max_bytes)
     elif max_bytes is not None:
@@ -142,21 +148,21 @@ def parse_graph(
                  "(PAL_MAX_GRAPH_BYTES)"]
             )
     problems: list[str] = []
-    nodes = _parse_nodes(document, known_tools, problems)
+    nodes = _parse_nodes(document, known_tools, problems, embedded)
     edges = _parse_edges(document, nodes, problems)
     trigger_id = _find_trigger(nodes, edges, problems)
     order = _topological_order(nodes, edges, problems)
     if trigger_id and order is not None:
         _check_reachable(nodes, edges, trigger_id, problems)
         _check_references(nodes, edges, problems)
-        _check_loop_bodies(nodes, edges, known_tools, problems)
+        _check_loop_bodies(nodes, edges, known_tools, problems, embedded)
     if problems or trigger_id is None or order is None:
         raise GraphError(problems)
     return Graph(nodes=nodes, edges=tuple(edges), trigger_id=trigger_id, order=order)
 
 
 def _parse_nodes(
-    document: Any, known_tools: frozenset[str] | None, problems: list[str]
+    document: Any, known_tools: frozenset[str] | None, problems: list[str], embedded: EmbeddedCheck | None
 ) -> dict[str, Node]:
     if not isinstance(document, Mapping):
         problems.append(
@@ -204,6 +210,10 @@ def _parse_nodes(
             problems.append(f"{where}: 'data' {json_problem}")
             continue
         problems.extend(f"{where}: {p}" for p in KINDS[node_type].validate(data, known_tools))
+        for name in KINDS[node_type].embedded_plans:
+            inner = data.get(name)
+            if embedded is not None and isinstance(inner, Mapping):
+                problems.extend(f"{where}: {name}: {p}" for p in embedded(inner, known_tools))
         for path, text in template_strings(KINDS[node_type], data):
             error = templates.check(text)
             if error:
@@ -330,20 +340,21 @@ def _topological_order(
 
 
 def _check_loop_bodies(nodes: Mapping[str, Node], edges: list[Edge], known_tools: frozenset[str] | None,
-                       problems: list[str]) -> None:
+                       problems: list[str], embedded: EmbeddedCheck | None) -> None:
     reversed_edges = [Edge(source=e.target, target=e.source) for e in edges]
     for node in nodes.values():
         if node.type == "loop" and "body" in node.data:
             outer = frozenset(_descendants(node.id, reversed_edges))
             try:
                 parse_body(node.data["body"], known_tools=known_tools, outer=outer,
-                           outer_all=frozenset(nodes))
+                           outer_all=frozenset(nodes), embedded=embedded)
             except GraphError as exc:
                 problems.extend(f"node {node.id!r}: body: {p}" for p in exc.problems)
 
 
 def parse_body(document: Any, *, known_tools: frozenset[str] | None,
-               outer: frozenset[str] | None, outer_all: frozenset[str] = frozenset()) -> Graph:
+               outer: frozenset[str] | None, outer_all: frozenset[str] = frozenset(),
+               embedded: EmbeddedCheck | None = None) -> Graph:
     """A loop body: one node `{id, type, data}` or a sub-graph `{nodes, edges}` with no trigger.
     Its entry nodes are those without incoming edges. `outer` (the nodes that run before the
     loop) may be referenced from body templates; None skips the reference check (a stored,
@@ -351,7 +362,7 @@ def parse_body(document: Any, *, known_tools: frozenset[str] | None,
     if isinstance(document, Mapping) and "nodes" not in document:
         document = {"nodes": [document], "edges": []}
     problems: list[str] = []
-    nodes = _parse_nodes(document, known_tools, problems)
+    nodes = _parse_nodes(document, known_tools, problems, embedded)
     for node in nodes.values():
         if node.type in ("trigger", "loop"):
             problems.append(f"node {node.id!r}: a loop body cannot hold a {node.type} node")

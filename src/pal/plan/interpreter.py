@@ -18,6 +18,7 @@ from enum import Enum
 from functools import cached_property
 from typing import Any, Protocol
 
+from pal.core.records import Handoff
 from pal.core.views import OnlyKeys
 from pal.plan.graph import Edge, Graph, Node
 
@@ -37,14 +38,6 @@ class Progress:
         return [n for n in graph.order if n in self.ready]
 
 
-@dataclass(frozen=True)
-class Handoff:
-    """What completing one step leads to: steps to dispatch now, and whether the run is over."""
-
-    dispatch: tuple[str, ...]
-    finished: bool
-    output: Any = None
-    error: Mapping[str, Any] | None = None  # a finished run that failed (e.g. a turn limit)
 
 
 def _chosen(graph: Graph, edge: Edge, completed: Mapping[str, Any]) -> bool:

@@ -19,11 +19,11 @@ from typing import Any
 
 from pal.config import DEFAULT_MAX_TURNS
 from pal.core import retry, templates
+from pal.core.records import Handoff
 from pal.errors import GraphError, TurnLimitReached
 from pal.nodes.ai_step import DEFAULT_MODEL, DEFAULT_PROVIDER, provider_problems
 from pal.nodes.llm_turn import tool_step_id, turn_id
 from pal.plan.graph import Node
-from pal.plan.interpreter import Handoff
 
 MAX_TURNS_LIMIT = 100
 SPEC_FIELDS: dict[str, tuple[type, ...]] = {

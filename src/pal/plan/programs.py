@@ -42,7 +42,7 @@ def parse_plan(document: Any, *, known_tools: frozenset[str] | None, max_bytes: 
                               "(PAL_MAX_GRAPH_BYTES)"], what="llm run")
         llm = parse_llm_spec(document, known_tools=known_tools)
         return Plan("llm", llm.document(), llm.hash, llm)
-    graph = parse_graph(document, known_tools=known_tools, max_bytes=max_bytes)
+    graph = parse_graph(document, known_tools=known_tools, max_bytes=max_bytes, embedded=plan_problems)
     return Plan("graph", graph.document(), graph.hash, GraphProgram(graph))
 
 

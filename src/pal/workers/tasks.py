@@ -7,21 +7,22 @@ the journal. A message is never the truth.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from celery import Celery
 
 from pal.engine.recovery import sweep
 from pal.engine.runs import start_run
 from pal.engine.steps import execute_step
 from pal.errors import GraphError, InputError, Refused
-
-if TYPE_CHECKING:
-    from pal.workers.app import PalCelery
+from pal.workers.task_names import EXECUTE_NODE, START_RUN, SWEEP_ORPHANS
 
 log = logging.getLogger(__name__)
 
 
-def register_tasks(app: PalCelery) -> None:
-    @app.task(name="pal.execute_node", bind=True, shared=False)  # type: ignore[untyped-decorator]
+def register_tasks(app: Celery) -> None:
+    """Register PAL's tasks on `app`, a PalCelery (pal.workers.app) whose `runtime` they use."""
+    @app.task(name=EXECUTE_NODE, bind=True, shared=False)  # type: ignore[untyped-decorator]
     def execute_node(self: Any, run_id: Any, step_id: Any, generation: Any, signature: Any = None) -> str:
         """Execute one graph node of one run (one node per message).
 
@@ -36,14 +37,14 @@ def register_tasks(app: PalCelery) -> None:
             return "forged"
         return execute_step(rt, run_id, step_id, generation).outcome
 
-    @app.task(name="pal.sweep_orphans", bind=True, shared=False)  # type: ignore[untyped-decorator]
+    @app.task(name=SWEEP_ORPHANS, bind=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep_orphans(self: Any) -> dict[str, Any]:
         """One pass of the orphan sweep (celery beat sends it every PAL_RECOVERY_INTERVAL)."""
         report = sweep(self.app.runtime)
         return {"found": report.found,
                 "recovered": {r: rec.generation for r, rec in report.recovered.items()}}
 
-    @app.task(name="pal.start_run", bind=True, shared=False)  # type: ignore[untyped-decorator]
+    @app.task(name=START_RUN, bind=True, shared=False)  # type: ignore[untyped-decorator]
     def start_run_task(
         self: Any, graph: Any, input: Any = None, run_id: str | None = None,
         tenant_id: str | None = None,

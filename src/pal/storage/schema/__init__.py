@@ -9,9 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 
-TERMINAL_EVENT_KINDS = ("run_succeeded", "run_failed", "run_cancelled")
-TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
-IN_FLIGHT_STATUSES = ("queued", "running")
+from pal.core.vocabulary import IN_FLIGHT_STATUSES, TERMINAL_EVENT_KINDS
 
 metadata = sa.MetaData(
     naming_convention={

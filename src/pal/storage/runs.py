@@ -1,0 +1,167 @@
+"""Runs: create one (idempotent on its id), cancel a run tree, and the reads of runs, their
+families, events and leases."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+
+from pal.core.records import Event, Lease, RunRecord
+from pal.core.vocabulary import IN_FLIGHT_STATUSES, EventKind, LockHolder, RunStatus
+from pal.errors import QuotaExceeded, Refused, RunIdTaken, RunNotFound
+from pal.storage.base import run_record
+from pal.storage.primitives import Primitives
+from pal.storage.schema import journal_events, run_locks, runs
+
+
+class RunStore(Primitives):
+    def create_run(
+        self, *, run_id: str, tenant_id: str, kind: str, graph: Any, graph_hash: str | None,
+        run_input: Any, now: datetime, lease_ttl: float, parent_run_id: str | None = None,
+        parent_step_id: str | None = None, max_in_flight: int | None = None,
+    ) -> tuple[RunRecord, bool]:
+        """Insert a queued run, its `run_queued` event and its first lease (generation 1).
+
+        Idempotent on `run_id`: a second call by the same tenant (and, for a child run, the same
+        parent step) returns the existing run and `False`; any other caller gets RunIdTaken.
+        """
+        with self._tx() as conn:
+            if parent_run_id is not None:
+                # Under the parent's lock row: a cancellation of the parent either sees this child
+                # or makes this insert see a finished parent.
+                conn.execute(sa.select(run_locks.c.run_id).where(run_locks.c.run_id == parent_run_id)
+                             .with_for_update())
+                parent = self._run(conn, parent_run_id)
+                if parent.terminal:
+                    raise Refused(f"run {parent_run_id} is {parent.status}; it starts no child runs")
+            elif max_in_flight is not None and not self._exists(conn, run_id):
+                in_flight = conn.execute(sa.select(sa.func.count()).select_from(runs).where(
+                    runs.c.tenant_id == tenant_id, runs.c.status.in_(IN_FLIGHT_STATUSES),
+                    runs.c.parent_run_id.is_(None))).scalar_one()
+                if in_flight >= max_in_flight:
+                    raise QuotaExceeded(f"tenant {tenant_id!r} has {in_flight} runs queued or running, the "
+                                        f"most PAL_MAX_RUNS_IN_FLIGHT allows ({max_in_flight}); try later")
+            inserted = conn.execute(
+                self._insert(runs).values(
+                    id=run_id, tenant_id=tenant_id, kind=kind, graph=graph,
+                    graph_hash=graph_hash, input=run_input, status=RunStatus.QUEUED, tier="shared",
+                    parent_run_id=parent_run_id, parent_step_id=parent_step_id,
+                    cost_usd=Decimal(0), input_tokens=0, output_tokens=0, created_at=now,
+                ).on_conflict_do_nothing().returning(runs.c.id)
+            ).first()
+            if inserted is None:
+                # The id exists. It is this caller's run again only if tenant and parent agree,
+                # decided here, after the insert, in its transaction: a check made before it would
+                # race a concurrent insert by someone else (docs/security.md). The refusal names
+                # nothing of the run that holds the id.
+                owner = conn.execute(sa.select(runs.c.tenant_id, runs.c.parent_run_id, runs.c.parent_step_id)
+                                     .where(runs.c.id == run_id)).one()
+                if tuple(owner) != (tenant_id, parent_run_id, parent_step_id):
+                    raise RunIdTaken(f"run id {run_id!r} is not available; choose another, or omit it "
+                                     "for a generated one")
+            else:
+                queued: dict[str, Any] = {"graph_hash": graph_hash}
+                if parent_run_id is not None:
+                    queued |= {"parent_run_id": parent_run_id, "parent_step_id": parent_step_id}
+                self._append(conn, run_id, None, None, EventKind.RUN_QUEUED, queued, 1, now)
+                conn.execute(run_locks.insert().values(
+                    run_id=run_id, worker_id=LockHolder.QUEUED,
+                    expires_at=now + timedelta(seconds=lease_ttl), generation=1))
+            record = self._run(conn, run_id)
+        return record, inserted is not None
+
+    def cancel_run(self, *, run_id: str, now: datetime, by: str, reason: str | None) -> list[str]:
+        """Cancel the run and every descendant that is not finished, in one transaction: each
+        gets `run_cancelled` once and loses its lease, so a step still running is fenced out at
+        its next journal write (the next step boundary). Returns the ids cancelled."""
+        with self._tx() as conn:
+            conn.execute(sa.select(run_locks.c.run_id).where(run_locks.c.run_id == run_id).with_for_update())
+            root = self._run(conn, run_id)
+            if root.terminal:
+                raise Refused(f"run {run_id} is {root.status}; it cannot be cancelled")
+            cancelled, frontier = [], [run_id]
+            while frontier:
+                current = frontier.pop(0)
+                # The run's lock row first: a child being created under it waits, then sees the
+                # parent cancelled (create_run refuses), or it committed and is found below.
+                lock = conn.execute(sa.select(run_locks.c.generation).where(run_locks.c.run_id == current)
+                                    .with_for_update()).scalar()
+                error = {"code": "cancelled", "by": by, "reason": reason,
+                         "cancelled_with": run_id if current != run_id else None}
+                if self._finish(conn, current, RunStatus.CANCELLED, lock or 0, now, error=error):
+                    cancelled.append(current)
+                frontier += list(conn.execute(sa.select(runs.c.id).where(runs.c.parent_run_id == current)
+                                              .order_by(runs.c.created_at)).scalars())
+        return cancelled
+
+    def run_exists(self, run_id: str) -> bool:
+        with self._tx() as conn:
+            return self._exists(conn, run_id)
+
+    def get_run(self, run_id: str, tenant_id: str | None = None) -> RunRecord:
+        with self._tx() as conn:
+            run = self._run(conn, run_id)
+        if tenant_id is not None and run.tenant_id != tenant_id:
+            raise RunNotFound(f"no run {run_id!r}")
+        return run
+
+    def list_runs(
+        self, *, tenant_id: str | None = None, status: str | None = None,
+        limit: int = 50, offset: int = 0,
+    ) -> list[RunRecord]:
+        query = sa.select(runs).order_by(runs.c.created_at.desc(), runs.c.id).limit(limit)
+        if tenant_id is not None:
+            query = query.where(runs.c.tenant_id == tenant_id)
+        if status is not None:
+            query = query.where(runs.c.status == status)
+        with self._tx() as conn:
+            return [run_record(r, r["graph"]) for r in conn.execute(query.offset(offset)).mappings()]
+
+    def children(self, run_id: str) -> list[RunRecord]:
+        with self._tx() as conn:
+            rows = conn.execute(sa.select(runs).where(runs.c.parent_run_id == run_id)
+                                .order_by(runs.c.created_at)).mappings()
+            return [run_record(r, r["graph"]) for r in rows]
+
+    def ancestors(self, run_id: str) -> list[str]:
+        """The run's parent, its parent's parent, ... up to the top-level run (last)."""
+        found: list[str] = []
+        with self._tx() as conn:
+            parent = conn.execute(sa.select(runs.c.parent_run_id).where(runs.c.id == run_id)).scalar()
+            while parent is not None and parent not in found:
+                found.append(parent)
+                parent = conn.execute(sa.select(runs.c.parent_run_id).where(runs.c.id == parent)).scalar()
+        return found
+
+    def descendant_count(self, run_id: str) -> int:
+        """How many runs descend from `run_id` (children, theirs, ...)."""
+        count, level = 0, [run_id]
+        with self._tx() as conn:
+            while level:
+                below = sa.select(runs.c.id).where(runs.c.parent_run_id.in_(level))
+                level = list(conn.execute(below).scalars())
+                count += len(level)
+        return count
+
+    def events(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
+        query = (
+            sa.select(journal_events)
+            .where(journal_events.c.run_id == run_id, journal_events.c.seq > after_seq)
+            .order_by(journal_events.c.seq)
+        )
+        if limit is not None:
+            query = query.limit(limit)
+        with self._tx() as conn:
+            return [Event(**dict(r)) for r in conn.execute(query).mappings()]
+
+    def get_lease(self, run_id: str) -> Lease | None:
+        """The run's lease; None for a finished run and for a parked one (its lock row is only a
+        wake-up timer, see `wake_time`)."""
+        with self._tx() as conn:
+            row = conn.execute(
+                sa.select(run_locks).where(run_locks.c.run_id == run_id)
+            ).mappings().first()
+        return Lease(**dict(row)) if row and row["worker_id"] != LockHolder.PARKED else None

@@ -1,0 +1,232 @@
+"""The step protocol's writes: claim, complete, retry, fail, doubt, and the lease heartbeat.
+
+On Postgres the usual claim and the usual completion are one statement each, a server-side function
+run in autocommit mode (pal.storage.one_call, migration 0006): the decision is predicted from the
+process's step log and the function applies it only if the journal has nothing newer, under the
+same fence; otherwise the transaction decides (docs/architecture.md, "The step protocol").
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from pal.core import retry
+from pal.core.records import Claim, ClaimOutcome, Fence, Frontier, Handoff, Plan, Ready, Usage
+from pal.core.views import WithOne
+from pal.core.vocabulary import TERMINAL_STATUSES, EventKind, RunStatus
+from pal.storage.base import (
+    ALREADY_COMPLETED,
+    DUPLICATE,
+    FENCED_OUT,
+    STARTED,
+    EventRow,
+    json_safe,
+    lease_lost,
+)
+from pal.storage.one_call import AutocommitCalls, FunctionCall
+from pal.storage.primitives import Primitives
+from pal.storage.schema import runs
+
+_CLAIM_FENCE_CALL = FunctionCall.of("pal_claim_fence", ("text", "integer", "text", "timestamptz", "bigint"))
+_CLAIM_STEP = FunctionCall.of("pal_claim_step", (
+    "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz", "boolean"))
+_COMPLETE_STEP = FunctionCall.of("pal_complete_step", (
+    "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz"))
+
+
+class _NotReady(Exception):
+    """Control flow: the claimed step is not ready; roll the claim's transaction back."""
+
+
+class StepStore(Primitives):
+    def claim_step(self, fence: Fence, step_id: str, *, ready: Ready | None = None) -> Claim:
+        """Step protocol, phase 1: fence on the lease and append `step_started`.
+
+        A step that is not on the run's ready frontier (`ready`) is refused with nothing written:
+        a message is a doorbell, it cannot start a step the journal has not made ready."""
+        if self.calls is not None:
+            claim = self._claim_in_one_call(self.calls, fence, step_id, ready)
+            if claim is not None:
+                return claim
+        try:
+            return self._claim_in_transaction(fence, step_id, ready)
+        except _NotReady:
+            return Claim(ClaimOutcome.NOT_READY)
+
+    def _claim_in_transaction(self, fence: Fence, step_id: str, ready: Ready | None) -> Claim:
+        with self._tx() as conn:
+            log = self._fence_and_read(conn, fence)
+            if log is None:
+                status = conn.execute(sa.select(runs.c.status).where(runs.c.id == fence.run_id)).scalar()
+                terminal = status is None or status in TERMINAL_STATUSES
+                return Claim(ClaimOutcome.TERMINAL if terminal else ClaimOutcome.STALE)
+            # The fence held, so the run is in flight (a finished run has no lock row, a parked
+            # one a newer generation): what a claim needs of it never changes once written.
+            run = self._known_run(conn, fence.run_id)
+            if step_id in log.outputs:
+                return Claim(ClaimOutcome.COMPLETED, run)
+            if step_id in log.waited:
+                return Claim(ClaimOutcome.WAITING, run)  # parked: only a decision or its child resumes it
+            if ready is not None and not ready(run, log.outputs):
+                raise _NotReady(step_id)  # rolls the fence back: nothing is written
+            # The attempt comes from the journal: a crash mid-attempt resumes the same attempt.
+            attempt = log.next_attempt(step_id)
+            due = log.backoff_due(step_id)
+            if due is not None and due > fence.now:  # an early message (a re-drive): the backoff holds
+                wait_s = (due - fence.now).total_seconds()
+                hold, _ = retry.backoff_lease(wait_s, fence.lease_ttl)
+                self._fence(conn, fence.held_for(hold))
+                return Claim(ClaimOutcome.BACKOFF, run, attempt, wait_s=wait_s)
+            if self._start(conn, fence, step_id, attempt) is None:
+                return Claim(ClaimOutcome.DUPLICATE, run)
+            if not log.outputs:  # a first step: the run may still be queued
+                conn.execute(runs.update().where(runs.c.id == fence.run_id, runs.c.status == RunStatus.QUEUED)
+                             .values(status=RunStatus.RUNNING, started_at=fence.now))
+        return Claim(ClaimOutcome.RUN, run, attempt, log.outputs)
+
+    def _claim_in_one_call(self, calls: AutocommitCalls, fence: Fence, step_id: str,
+                           ready: Ready | None) -> Claim | None:
+        """Postgres: the usual claim as one autocommit call of `pal_claim_step` (migration 0006).
+
+        The attempt is predicted from this process's step log; the function starts it only if no
+        newer event concerns the step, so the prediction is what `claim_step`'s transaction would
+        decide. None when there is nothing to predict from (a run this process never claimed, a
+        step that completed, waits or may be backing off) or the prediction did not hold: the
+        caller then decides in a transaction."""
+        run_id = fence.run_id
+        run, known = self._claimed_runs.get(run_id), self._known_log(run_id)
+        if run is None or step_id in known.outputs or step_id in known.waited:
+            return None
+        if ready is not None and not ready(run, known.outputs):
+            # Usually this process's log is only behind (another process completed the step's
+            # predecessor): fence and read what came after it in one more autocommit call, then
+            # decide on the fresh log. Nothing but the lease's expiry is written by that call.
+            rows = [EventRow(*row) for row in calls.rows(_CLAIM_FENCE_CALL, (
+                run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq))]
+            if rows and rows[0].seq == FENCED_OUT:
+                return None  # stale or over: the transaction says which
+            if rows:
+                known = known.extended(rows)
+                self._remember(run_id, known)  # the call has committed
+            if step_id in known.outputs or step_id in known.waited or not ready(run, known.outputs):
+                return None  # the transaction decides, and refuses a step that is not ready
+        due = known.backoff_due(step_id)
+        if due is not None and due > fence.now:
+            return None
+        attempt = known.next_attempt(step_id)
+        payload = json.dumps({"attempt": attempt, "worker": fence.worker_id})
+        rows = [EventRow(*row) for row in calls.rows(_CLAIM_STEP, (
+            run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq,
+            step_id, attempt, payload, fence.now, not known.outputs))]
+        marker = rows[-1].seq if rows and rows[-1].seq < 0 else None
+        events = rows[:-1] if marker is not None else rows
+        log = known.extended(events) if events else known
+        if events:
+            self._remember(run_id, log)  # the call has committed
+        if marker == STARTED:
+            return Claim(ClaimOutcome.RUN, run, attempt, log.outputs)
+        if marker == DUPLICATE:
+            return Claim(ClaimOutcome.DUPLICATE, run)
+        return None
+
+    def renew_lease(self, fence: Fence) -> bool:
+        """Heartbeat: extend the lease if this generation still holds it."""
+        with self._tx() as conn:
+            return self._fence(conn, fence)
+
+    def complete_step(self, fence: Fence, step_id: str, attempt: int, output: Any, *, plan: Plan,
+                      usage: Usage | None = None, frontier: Frontier | None = None) -> Handoff:
+        """Step protocol, phase 3: `step_completed`, successor hand-off and maybe the finish,
+        in one transaction fenced by generation. Raises LeaseLost when fenced out.
+
+        The step's usage is added to the run's totals here, only by the transaction whose
+        `step_completed` insert won, so a replay or a duplicate message never counts it twice."""
+        payload: dict[str, Any] = {"output": json_safe(output)}
+        if usage is not None and (usage.input_tokens or usage.output_tokens or usage.cost_usd):
+            payload["usage"] = {"input_tokens": usage.input_tokens,
+                                "output_tokens": usage.output_tokens,
+                                "cost_usd": str(usage.cost_usd)}
+        if self.calls is not None and "usage" not in payload:
+            handoff = self._complete_in_one_call(self.calls, fence, step_id, attempt, payload, plan)
+            if handoff is not None:
+                return handoff
+        with self._tx() as conn:
+            log = self._complete_and_read(conn, fence, step_id, attempt, payload)
+            if log is None:
+                return Handoff(dispatch=(), finished=False)
+            if "usage" in payload and usage is not None:
+                conn.execute(runs.update().where(runs.c.id == fence.run_id).values(
+                    input_tokens=runs.c.input_tokens + usage.input_tokens,
+                    output_tokens=runs.c.output_tokens + usage.output_tokens,
+                    cost_usd=runs.c.cost_usd + usage.cost_usd))
+            decision = plan(log.outputs)
+            self._settle(conn, fence.run_id, decision, fence.generation, fence.now, frontier)
+            return decision
+
+    def _complete_in_one_call(self, calls: AutocommitCalls, fence: Fence, step_id: str, attempt: int,
+                              payload: Mapping[str, Any], plan: Plan) -> Handoff | None:
+        """Postgres: a completion that only hands off, as one autocommit call of
+        `pal_complete_step` (migration 0006).
+
+        The hand-off is planned first, from this process's step log plus this step's output; the
+        function appends `step_completed` only if no step event came after that log, so the plan
+        is what `complete_step`'s transaction would decide. None when the plan would write more
+        than the completion (the run finishes, or parks when nothing is dispatched) or the log was
+        not the latest: the caller then decides in a transaction."""
+        known = self._known_log(fence.run_id)
+        if step_id in known.outputs:
+            return None
+        decision = plan(WithOne(known.outputs, step_id, payload["output"]))
+        if decision.finished or not decision.dispatch:
+            return None
+        rows = [EventRow(*row) for row in calls.rows(_COMPLETE_STEP, (
+            fence.run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq,
+            step_id, attempt, json.dumps(payload), fence.now))]
+        if not rows:
+            return None
+        if rows[0].seq == FENCED_OUT:
+            raise lease_lost(fence.run_id, fence.generation)
+        if rows[0].seq == ALREADY_COMPLETED:
+            return Handoff(dispatch=(), finished=False)
+        self._remember(fence.run_id, known.extended(rows))  # the call has committed
+        return decision
+
+    def retry_step(self, fence: Fence, step_id: str, attempt: int, *, of: int, error: Mapping[str, Any],
+                   backoff_s: float) -> bool:
+        """Journal `step_retrying {attempt, of, error, wake_at}`; False when fenced out.
+
+        A short backoff extends the lease past the wake-up time, so the sweep leaves the run
+        alone while a countdown message waits; a long one lets the lease lapse at the wake-up
+        time, and the sweep re-drives the step then (pal.core.retry.backoff_lease). A re-drive that
+        comes early finds the wake-up time in the journal and waits (ClaimOutcome.BACKOFF)."""
+        wake_at = fence.now + timedelta(seconds=backoff_s)
+        hold, _ = retry.backoff_lease(backoff_s, fence.lease_ttl)
+        with self._tx() as conn:
+            if not self._fence(conn, fence.held_for(hold)):
+                return False
+            self._append(conn, fence.run_id, step_id, attempt, EventKind.STEP_RETRYING,
+                         {"attempt": attempt, "of": of, "error": dict(error),
+                          "wake_at": wake_at.isoformat()}, fence.generation, fence.now)
+        return True
+
+    def fail_step(self, fence: Fence, step_id: str, attempt: int, error: Mapping[str, Any]) -> bool:
+        """Journal `step_failed` and fail the run; False when fenced out or already terminal."""
+        with self._tx() as conn:
+            if not self._fence(conn, fence):
+                return False
+            self._append(conn, fence.run_id, step_id, attempt, EventKind.STEP_FAILED, {"error": dict(error)},
+                         fence.generation, fence.now)
+            return self._finish(conn, fence.run_id, RunStatus.FAILED, fence.generation, fence.now,
+                                error={**error, "step_id": step_id})
+
+    def mark_in_doubt(self, fence: Fence, step_id: str, attempt: int, detail: Mapping[str, Any]) -> None:
+        """Journal `step_in_doubt`: a claimed delivery was never confirmed."""
+        with self._tx() as conn:
+            self._fence_or_lose(conn, fence)
+            self._append(conn, fence.run_id, step_id, attempt, EventKind.STEP_IN_DOUBT,
+                         json_safe(dict(detail)), fence.generation, fence.now)

@@ -1,0 +1,49 @@
+"""How the runtime rings doorbells on Celery: signed `pal.execute_node` messages, sent one at a time
+or batched into one broker round trip (pal.engine.runtime.Publish, PublishBatch)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pal.engine.runtime import Publish, PublishBatch
+from pal.workers.node_messages import NodePublisher
+from pal.workers.task_names import EXECUTE_NODE
+
+
+def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None) -> tuple[Publish, PublishBatch]:
+    """`app` is the PalCelery whose runtime signs the messages; `node_publisher` its Redis fast path."""
+    batching = threading.local()  # the producer of this thread's open publish batch, if any
+
+    def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0) -> None:
+        # Signed, so that a worker can tell PAL's doorbells from forged ones (pal.core.doorbell).
+        args = [run_id, step_id, generation, app.runtime.doorbell_signature(run_id, step_id, generation)]
+        if node_publisher is not None and countdown <= 0:
+            node_publisher.publish(args)  # held if a batch is open
+            return
+        # A countdown is held by the consuming worker's timer, not by a blocked process.
+        app.send_task(EXECUTE_NODE, args=args, queue=queue,
+                      countdown=countdown if countdown > 0 else None,
+                      producer=getattr(batching, "producer", None))
+
+    @contextmanager
+    def publish_batch() -> Iterator[None]:
+        # The batch's messages (and their task-sent events) go out in one Redis pipeline at its
+        # end; a transport without batches publishes at once.
+        if node_publisher is not None:
+            with node_publisher.batch():
+                yield
+            return
+        if getattr(batching, "producer", None) is not None:  # already batching: join it
+            yield
+            return
+        with app.producer_or_acquire() as producer, producer.batch():
+            batching.producer = producer
+            try:
+                yield
+            finally:
+                batching.producer = None
+
+    return publish, publish_batch

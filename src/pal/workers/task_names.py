@@ -1,0 +1,7 @@
+"""The stable names of PAL's Celery tasks: other services `send_task` them without importing PAL."""
+
+from __future__ import annotations
+
+EXECUTE_NODE = "pal.execute_node"  # one step of one run: the doorbell
+SWEEP_ORPHANS = "pal.sweep_orphans"  # one pass of the orphan sweep (celery beat)
+START_RUN = "pal.start_run"  # validate and start a run from a message

@@ -1,0 +1,189 @@
+"""The layer contract (docs/architecture.md, "Layers"), read from the source's own imports.
+
+Every `import pal...` and `from pal... import` in src/pal is checked, wherever it stands: a module
+may import only its own layer and the layers its row allows, no import may close a circle, and a
+`pal` import inside a function is allowed only where the contract says (the CLI's lazy loading).
+A change that breaks a rule fails here, naming the file, the line and the rule.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+# layer -> the layers it may import (besides itself). The order is the house, top floor first.
+ALLOWED: dict[str, frozenset[str]] = {
+    "pal": frozenset({"client", "errors", "tools"}),
+    "cli": frozenset({"client", "api", "workers", "engine", "storage", "plan", "nodes", "providers",
+                      "tools", "config", "core", "errors"}),
+    "client": frozenset({"workers", "engine", "storage", "plan", "nodes", "providers", "tools",
+                         "config", "core", "errors"}),
+    "api": frozenset({"workers", "engine", "storage", "plan", "nodes", "providers", "tools", "config",
+                      "core", "errors"}),
+    "workers": frozenset({"engine", "storage", "plan", "nodes", "providers", "tools", "config", "core",
+                          "errors"}),
+    "engine": frozenset({"storage", "plan", "nodes", "providers", "tools", "config", "core", "errors"}),
+    "plan": frozenset({"nodes", "providers", "tools", "config", "core", "errors"}),
+    "storage": frozenset({"config", "core", "errors"}),
+    "nodes": frozenset({"providers", "tools", "config", "core", "errors"}),
+    "providers": frozenset({"config", "core", "errors"}),
+    "tools": frozenset({"config", "core", "errors"}),
+    "config": frozenset({"core", "errors"}),
+    "core": frozenset({"errors"}),
+    "errors": frozenset(),
+}
+# Where a function-level `pal` import is part of the design: the CLI loads a command's machinery
+# only when that command runs, so `pal --help` stays fast; a provider's module loads its optional
+# SDK (openai, anthropic) only when a run asks for that provider; the package's face loads the
+# public names on first use.
+LAZY_IMPORTS_ALLOWED = ("pal.cli.", "pal.api.")
+LAZY_MODULES = {"pal": ("pal.client", "pal.tools"),
+                "pal.providers": ("pal.providers.openai_api", "pal.providers.anthropic_api")}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "pal"
+
+
+def pal_imports(tree: ast.Module, module: str, is_package: bool) -> Iterator[tuple[str, int, bool]]:
+    """(imported pal module, line, inside a function) for every pal import of one file."""
+    def walk(node: ast.AST, in_function: bool) -> Iterator[tuple[str, int, bool]]:
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    if alias.name == "pal" or alias.name.startswith("pal."):
+                        yield alias.name, child.lineno, in_function
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    package = module if is_package else module.rpartition(".")[0]
+                    for _ in range(child.level - 1):
+                        package = package.rpartition(".")[0]
+                    base = f"{package}.{base}" if base else package
+                if base == "pal" or base.startswith("pal."):
+                    for alias in child.names:  # `from pal.x import y` may name the module pal.x.y
+                        candidate = f"{base}.{alias.name}"
+                        yield (candidate if known(candidate) else base), child.lineno, in_function
+            yield from walk(child, inner)
+    yield from walk(tree, False)
+
+
+def known(module: str) -> bool:
+    rel = Path(*module.split("."))
+    return (SRC / rel).with_suffix(".py").exists() or (SRC / rel / "__init__.py").exists()
+
+
+def sources() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted((SRC / "pal").rglob("*.py")) if "migrations" not in p.parts}
+
+
+def imports_of_house() -> dict[str, list[tuple[str, int, bool]]]:
+    found = {}
+    for module, path in sources().items():
+        tree = ast.parse(path.read_text(), str(path))
+        found[module] = list(pal_imports(tree, module, path.name == "__init__.py"))
+    return found
+
+
+def upward_imports(imports: dict[str, list[tuple[str, int, bool]]]) -> list[str]:
+    wrong = []
+    for module, found in imports.items():
+        layer = layer_of(module)
+        for target, line, _ in found:
+            other = layer_of(target)
+            if other != layer and other not in ALLOWED[layer]:
+                wrong.append(f"{module}:{line} imports {target}: layer {layer!r} may not import {other!r}")
+    return wrong
+
+
+def circles(imports: dict[str, list[tuple[str, int, bool]]]) -> list[list[str]]:
+    graph = {m: sorted({t for t, _, _ in found if t in imports and t != m}) for m, found in imports.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def lazy_imports(imports: dict[str, list[tuple[str, int, bool]]]) -> list[str]:
+    return [f"{module}:{line} imports {target} inside a function"
+            for module, found in imports.items() if not module.startswith(LAZY_IMPORTS_ALLOWED)
+            for target, line, in_function in found
+            if in_function and target not in LAZY_MODULES.get(module, ())]
+
+
+def test_every_module_has_a_layer_in_the_contract() -> None:
+    assert sorted({layer_of(m) for m in sources()} - set(ALLOWED)) == []
+
+
+def test_no_layer_imports_a_layer_above_it() -> None:
+    assert upward_imports(imports_of_house()) == []
+
+
+def test_no_import_circles() -> None:
+    assert circles(imports_of_house()) == []
+
+
+def test_no_function_level_pal_imports_outside_the_cli() -> None:
+    assert lazy_imports(imports_of_house()) == []
+
+
+@pytest.mark.parametrize(("module", "source", "rule"), [
+    ("pal.core.clock", "from pal.engine.runtime import Runtime\n", "layer 'core' may not import 'engine'"),
+    ("pal.storage.database", "import pal.plan.graph\n", "layer 'storage' may not import 'plan'"),
+    ("pal.engine.steps", "from pal.workers import app\n", "layer 'engine' may not import 'workers'"),
+])
+def test_the_contract_catches_a_planted_upward_import(module: str, source: str, rule: str) -> None:
+    imports = imports_of_house()
+    imports[module] = imports[module] + list(pal_imports(ast.parse(source), module, False))
+    assert any(rule in problem for problem in upward_imports(imports))
+
+
+def test_the_contract_catches_a_planted_circle_and_a_lazy_import() -> None:
+    imports = imports_of_house()
+    planted = "def later() -> None:\n    from pal.engine.steps import execute_step\n"
+    imports["pal.engine.runtime"] = imports["pal.engine.runtime"] + list(
+        pal_imports(ast.parse(planted), "pal.engine.runtime", False))
+    assert any("pal.engine.runtime" in c and "pal.engine.steps" in c for c in circles(imports))
+    assert any(p.startswith("pal.engine.runtime:2 imports pal.engine.steps inside a function")
+               for p in lazy_imports(imports))
