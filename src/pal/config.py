@@ -2,6 +2,44 @@
 
 With nothing set PAL uses the embedded default: a SQLite journal and a filesystem broker under
 `PAL_HOME` (./.pal), so the demo and a multi-process `pal worker` need no server.
+
+PAL_HOME                 folder for the embedded journal and broker (default ./.pal)
+PAL_DATABASE_URL         SQLAlchemy URL of the journal (default sqlite:///$PAL_HOME/pal.db)
+PAL_BROKER_URL           Celery broker (default filesystem://, folders under $PAL_HOME/broker)
+PAL_QUEUE                Celery queue the tasks use (default "pal")
+PAL_BROKER_KEY_PREFIX    Redis key prefix for every broker key (default none)
+PAL_TENANT               tenant of runs started from this process (default "default")
+PAL_LEASE_TTL            lease length, a duration (default 30s)
+PAL_RECOVERY_INTERVAL    orphan sweep period, a Go duration (default 30s; bad values -> 30s)
+PAL_TOOL_MODULES         comma-separated modules that register tools with @pal.tool
+PAL_WORKER_CONCURRENCY   processes per `pal worker` (default: Celery's, the CPU count)
+PAL_MAX_GRAPH_BYTES      largest accepted graph document (default 1,000,000 bytes)
+PAL_MAX_INPUT_BYTES      largest accepted run input as JSON (default 1,000,000 bytes)
+PAL_MAX_OUTPUT_BYTES     largest step output journaled, as JSON (default 1,000,000 bytes)
+PAL_MAX_JSON_DEPTH       deepest nesting of lists and objects in graphs, inputs, outputs (default 64)
+PAL_FILESYSTEM_POLL      poll period of the embedded broker (default 20ms)
+PAL_OPENAI_BASE_URL      OpenAI API base URL (default: the SDK's, or OPENAI_BASE_URL)
+PAL_ANTHROPIC_BASE_URL   Anthropic API base URL (default: the SDK's, or ANTHROPIC_BASE_URL)
+PAL_PROVIDER_TIMEOUT     one model call's time limit, a duration (default 60s)
+PAL_PRICES               model prices: a JSON file or inline JSON (see pal.providers.pricing)
+PAL_SMTP_URL             SMTP server of email nodes, smtp://host:port (default smtp://127.0.0.1:25)
+PAL_SMTP_FROM            sender of email nodes that name none (default pal@localhost)
+PAL_DELIVERY_TIMEOUT     one webhook or SMTP delivery's time limit (default 30s)
+PAL_MAX_STEPS_PER_RUN    steps one run may complete; the next one fails the run (default 10,000)
+PAL_MAX_CHILD_RUNS       child runs under one top-level run, at any depth (default 100)
+PAL_MAX_RUN_DEPTH        deepest subagent nesting; a top-level run is depth 0 (default 4)
+PAL_MAX_RUNS_IN_FLIGHT   top-level runs one tenant may have queued or running (default 1,000)
+PAL_STEP_TIMEOUT         a step's time limit when its node sets no timeoutMs (default 5m)
+PAL_EGRESS_ALLOW         non-public targets connector nodes may reach, comma-separated: host
+                         names, IPs, CIDRs, each optionally :port, e.g. 127.0.0.1:8080,10.0.0.0/8
+                         (default none: only public addresses; see pal.core.egress)
+PAL_SECRETS_FILE         JSON object of graph secrets, {"NAME": "value"}, read by the worker
+                         whenever a template renders {{ secrets.NAME }} (default none; pal.core.secrets)
+PAL_SECRET_<NAME>        the value of graph secret NAME, winning over the file; NAME matches
+                         [A-Z][A-Z0-9_]*, a value has at least 8 characters (pal.core.secrets)
+
+API keys are read by the providers from OPENAI_API_KEY and ANTHROPIC_API_KEY, the SDKs' own
+names; they are never part of the settings, so they cannot reach the journal or a log line.
 """
 
 from __future__ import annotations
@@ -126,7 +164,7 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
 
 
 def recovery_interval(raw: str | None) -> float:
-    """PAL_RECOVERY_INTERVAL as the specification defines it.
+    """PAL_RECOVERY_INTERVAL as docs/specification.md (Recovery sweep) defines it.
 
     A Go duration; an invalid, empty or non-positive value falls back to 30 s with a warning,
     so the sweep can never be disabled.
@@ -145,46 +183,8 @@ def recovery_interval(raw: str | None) -> float:
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """Read the settings from `env` (default: the process environment).
-
-    PAL_HOME                 folder for the embedded journal and broker (default ./.pal)
-    PAL_DATABASE_URL         SQLAlchemy URL of the journal (default sqlite:///$PAL_HOME/pal.db)
-    PAL_BROKER_URL           Celery broker (default filesystem://, folders under $PAL_HOME/broker)
-    PAL_QUEUE                Celery queue the tasks use (default "pal")
-    PAL_BROKER_KEY_PREFIX    Redis key prefix for every broker key (default none)
-    PAL_TENANT               tenant of runs started from this process (default "default")
-    PAL_LEASE_TTL            lease length, a duration (default 30s)
-    PAL_RECOVERY_INTERVAL    orphan sweep period, a Go duration (default 30s; bad values -> 30s)
-    PAL_TOOL_MODULES         comma-separated modules that register tools with @pal.tool
-    PAL_WORKER_CONCURRENCY   processes per `pal worker` (default: Celery's, the CPU count)
-    PAL_MAX_GRAPH_BYTES      largest accepted graph document (default 1,000,000 bytes)
-    PAL_MAX_INPUT_BYTES      largest accepted run input as JSON (default 1,000,000 bytes)
-    PAL_MAX_OUTPUT_BYTES     largest step output journaled, as JSON (default 1,000,000 bytes)
-    PAL_MAX_JSON_DEPTH       deepest nesting of lists and objects in graphs, inputs, outputs (default 64)
-    PAL_FILESYSTEM_POLL      poll period of the embedded broker (default 20ms)
-    PAL_OPENAI_BASE_URL      OpenAI API base URL (default: the SDK's, or OPENAI_BASE_URL)
-    PAL_ANTHROPIC_BASE_URL   Anthropic API base URL (default: the SDK's, or ANTHROPIC_BASE_URL)
-    PAL_PROVIDER_TIMEOUT     one model call's time limit, a duration (default 60s)
-    PAL_PRICES               model prices: a JSON file or inline JSON (see pal.providers.pricing)
-    PAL_SMTP_URL             SMTP server of email nodes, smtp://host:port (default smtp://127.0.0.1:25)
-    PAL_SMTP_FROM            sender of email nodes that name none (default pal@localhost)
-    PAL_DELIVERY_TIMEOUT     one webhook or SMTP delivery's time limit (default 30s)
-    PAL_MAX_STEPS_PER_RUN    steps one run may complete; the next one fails the run (default 10,000)
-    PAL_MAX_CHILD_RUNS       child runs under one top-level run, at any depth (default 100)
-    PAL_MAX_RUN_DEPTH        deepest subagent nesting; a top-level run is depth 0 (default 4)
-    PAL_MAX_RUNS_IN_FLIGHT   top-level runs one tenant may have queued or running (default 1,000)
-    PAL_STEP_TIMEOUT         a step's time limit when its node sets no timeoutMs (default 5m)
-    PAL_EGRESS_ALLOW         non-public targets connector nodes may reach, comma-separated: host
-                             names, IPs, CIDRs, each optionally :port, e.g. 127.0.0.1:8080,10.0.0.0/8
-                             (default none: only public addresses; see pal.core.egress)
-    PAL_SECRETS_FILE         JSON object of graph secrets, {"NAME": "value"}, read by the worker
-                             whenever a template renders {{ secrets.NAME }} (default none; pal.core.secrets)
-    PAL_SECRET_<NAME>        the value of graph secret NAME, winning over the file; NAME matches
-                             [A-Z][A-Z0-9_]*, a value has at least 8 characters (pal.core.secrets)
-
-    API keys are read by the providers from OPENAI_API_KEY and ANTHROPIC_API_KEY, the SDKs' own
-    names; they are never part of the settings, so they cannot reach the journal or a log line.
-    """
+    """Read the settings from `env` (default: the process environment); the variables are
+    listed in this module's docstring."""
     env = os.environ if env is None else env
     home = Path(env.get("PAL_HOME", "").strip() or DEFAULT_HOME).absolute()
     database_url = env.get("PAL_DATABASE_URL", "").strip() or f"sqlite:///{home / 'pal.db'}"

@@ -41,7 +41,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 # only when that command runs, so `pal --help` stays fast; a provider's module loads its optional
 # SDK (openai, anthropic) only when a run asks for that provider; the package's face loads the
 # public names on first use.
-LAZY_IMPORTS_ALLOWED = ("pal.cli.", "pal.api.")
+LAZY_IMPORTS_ALLOWED = ("pal.cli.",)
 LAZY_MODULES = {"pal": ("pal.client", "pal.tools"),
                 "pal.providers": ("pal.providers.openai_api", "pal.providers.anthropic_api")}
 

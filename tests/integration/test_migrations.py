@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
+from pal.storage import sql as functions_file
 from pal.storage.database import create_engine
 from pal.storage.schema import metadata
 from pal.storage.schema.migrate import current_revision, upgrade
@@ -64,7 +65,45 @@ def test_pal_db_upgrade_is_idempotent(postgres_backend: Backend, tmp_path: Path)
                                 env=postgres_backend.env(), capture_output=True, text=True,
                                 timeout=120, cwd=tmp_path)
         assert result.returncode == 0, result.stderr
-        assert "journal at revision 0008" in result.stdout
+        assert "journal at revision 0009" in result.stdout
     engine = create_engine(postgres_backend.settings.database_url)
-    assert current_revision(engine) == "0008"
+    assert current_revision(engine) == "0009"
     engine.dispose()
+
+
+def _function_loaders() -> list[tuple[str, str]]:
+    """(revision, SQL_SHA256) of every migration that loads pal/storage/sql/functions.sql."""
+    versions = Path(functions_file.__file__).parents[1] / "schema" / "migrations" / "versions"
+    found = []
+    for path in sorted(versions.glob("*.py")):
+        text = path.read_text()
+        if "function_statements" in text:
+            sha = text.split('SQL_SHA256 = "', 1)[1].split('"', 1)[0]
+            found.append((path.name.split("_", 1)[0], sha))
+    return found
+
+
+def test_the_newest_function_loader_was_written_for_the_current_file() -> None:
+    """A changed functions.sql without a migration that loads it again would leave every existing
+    database on the old definitions: the newest loader must record the file's own hash."""
+    loaders = _function_loaders()
+    assert loaders, "no migration loads pal/storage/sql/functions.sql"
+    assert loaders[-1][1] == functions_file.functions_sha256(), (
+        f"functions.sql changed after migration {loaders[-1][0]}: add a migration that loads it")
+
+
+def test_the_live_functions_are_the_files(pg_url: str) -> None:
+    """After `upgrade`, each function's body in Postgres is the body written in functions.sql."""
+    engine = create_engine(pg_url)
+    upgrade(engine)
+    statements = functions_file.function_statements()
+    with engine.connect() as conn:
+        live = dict(conn.execute(sa.text(
+            "SELECT p.proname, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = current_schema() AND p.proname LIKE 'pal\\_%'")).all())
+    engine.dispose()
+    assert len(live) == len(statements) == 7
+    for statement in statements:
+        name = statement.split("FUNCTION ", 1)[1].split("(", 1)[0]
+        body = statement.split("$function$", 2)[1]
+        assert live[name] == body, name

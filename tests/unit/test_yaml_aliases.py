@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from pal.core import limits
 from pal.errors import GraphError
-from pal.plan.graph import load_graph_text, parse_graph
+from pal.plan.documents import load_graph_text
+from pal.plan.graph import parse_graph
 from pal.plan.programs import parse_plan
 
 GRAPH_YAML = """\

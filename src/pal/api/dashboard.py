@@ -13,19 +13,29 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import jinja2
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from pal.api import csrf
-from pal.api.auth import COOKIE, presented_token, tenant_of
-from pal.engine.runtime import Runtime
+from pal.api.auth import COOKIE, tenant_of
+from pal.api.deps import Rt
 from pal.errors import RunNotFound
 
 HERE = Path(__file__).parent
 # autoescape=True, not select_autoescape: every template is HTML, whatever its file name.
 _templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
 RUNS_PER_PAGE = 100
+
+# Pages for a browser, not API operations: none is in the OpenAPI schema.
+router = APIRouter(include_in_schema=False)
+
+
+def add_dashboard(api: FastAPI) -> None:
+    """The dashboard's pages and their static files on `api`. The static files are mounted on the
+    app itself: include_router carries routes only, and would drop a router's mount."""
+    api.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    api.include_router(router)
 
 
 def _page(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
@@ -40,84 +50,85 @@ async def _form(request: Request) -> dict[str, str]:
     return {name: values[0] for name, values in fields.items()}
 
 
-def add_dashboard(api: FastAPI, rt: Runtime) -> None:
-    api.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+def _session(request: Request) -> tuple[str, str] | None:
+    """(tenant, CSRF token) of the dashboard cookie's live token, None when logged out."""
+    token = request.cookies.get(COOKIE)
+    who = tenant_of(request, token) if token else None
+    return (who, csrf.session_token(token)) if who is not None and token else None
 
-    def session(request: Request) -> tuple[str, str] | None:
-        """(tenant, CSRF token) of the dashboard cookie's live token, None when logged out."""
-        token = request.cookies.get(COOKIE)
-        who = tenant_of(request, token) if token else None
-        return (who, csrf.session_token(token)) if who is not None and token else None
 
-    def login_page(request: Request, error: str | None = None, status_code: int = 200) -> HTMLResponse:
-        value = request.cookies.get(csrf.LOGIN_COOKIE) or secrets.token_urlsafe(32)
-        page = _page("login.html", status_code, error=error, csrf=value)
-        page.set_cookie(csrf.LOGIN_COOKIE, value, httponly=True, samesite="strict", path="/login",
-                        secure=request.url.scheme == "https")
-        return page
+def _login_page(request: Request, error: str | None = None, status_code: int = 200) -> HTMLResponse:
+    value = request.cookies.get(csrf.LOGIN_COOKIE) or secrets.token_urlsafe(32)
+    page = _page("login.html", status_code, error=error, csrf=value)
+    page.set_cookie(csrf.LOGIN_COOKIE, value, httponly=True, samesite="strict", path="/login",
+                    secure=request.url.scheme == "https")
+    return page
 
-    @api.get("/", include_in_schema=False)
-    def home() -> Response:
-        return RedirectResponse("/runs", status_code=303)
 
-    @api.get("/login", include_in_schema=False)
-    def login_form(request: Request) -> HTMLResponse:
-        return login_page(request)
+@router.get("/")
+def home() -> Response:
+    return RedirectResponse("/runs", status_code=303)
 
-    @api.post("/login", include_in_schema=False)
-    async def login(request: Request) -> Response:
+
+@router.get("/login")
+def login_form(request: Request) -> HTMLResponse:
+    return _login_page(request)
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    fields = await _form(request)
+    try:  # login CSRF: a foreign page must not log the browser in as someone else
+        csrf.require_same_origin(request, fields.get(csrf.FORM_FIELD),
+                                 request.cookies.get(csrf.LOGIN_COOKIE))
+    except HTTPException:
+        return _login_page(request, "The login form expired or came from another site; try again.", 403)
+    token = fields.get("token", "").strip()
+    if not token or tenant_of(request, token) is None:
+        return _login_page(request, "That token is unknown or revoked.", 401)
+    reply = RedirectResponse("/runs", status_code=303)
+    reply.set_cookie(COOKIE, token, httponly=True, samesite="strict",
+                     secure=request.url.scheme == "https")
+    reply.delete_cookie(csrf.LOGIN_COOKIE, path="/login")
+    return reply
+
+
+@router.get("/logout")
+def logout_form(request: Request) -> Response:
+    """Logging out changes state, so it is a POST; GET only shows the button."""
+    who = _session(request)
+    if who is None:
+        return RedirectResponse("/login", status_code=303)
+    return _page("logout.html", tenant=who[0], csrf=who[1])
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    token = request.cookies.get(COOKIE)
+    if token:
         fields = await _form(request)
-        try:  # login CSRF: a foreign page must not log the browser in as someone else
-            csrf.require_same_origin(request, fields.get(csrf.FORM_FIELD),
-                                     request.cookies.get(csrf.LOGIN_COOKIE))
-        except HTTPException:
-            return login_page(request, "The login form expired or came from another site; try again.",
-                              403)
-        token = fields.get("token", "").strip()
-        if not token or tenant_of(request, token) is None:
-            return login_page(request, "That token is unknown or revoked.", 401)
-        reply = RedirectResponse("/runs", status_code=303)
-        reply.set_cookie(COOKIE, token, httponly=True, samesite="strict",
-                         secure=request.url.scheme == "https")
-        reply.delete_cookie(csrf.LOGIN_COOKIE, path="/login")
-        return reply
-
-    @api.get("/logout", include_in_schema=False)
-    def logout_form(request: Request) -> Response:
-        """Logging out changes state, so it is a POST; GET only shows the button."""
-        who = session(request)
-        if who is None:
-            return RedirectResponse("/login", status_code=303)
-        return _page("logout.html", tenant=who[0], csrf=who[1])
-
-    @api.post("/logout", include_in_schema=False)
-    async def logout(request: Request) -> Response:
-        token = request.cookies.get(COOKIE)
-        if token:
-            fields = await _form(request)
-            csrf.require_same_origin(request, fields.get(csrf.FORM_FIELD), csrf.session_token(token))
-        reply = RedirectResponse("/login", status_code=303)
-        reply.delete_cookie(COOKIE)
-        return reply
-
-    @api.get("/runs", include_in_schema=False)
-    def runs_page(request: Request) -> Response:
-        who = session(request)
-        if who is None:
-            return RedirectResponse("/login", status_code=303)
-        return _page("runs.html", tenant=who[0], csrf=who[1],
-                     runs=rt.journal.list_runs(tenant_id=who[0], limit=RUNS_PER_PAGE))
-
-    @api.get("/runs/{run_id}", include_in_schema=False)
-    def run_page(run_id: str, request: Request) -> Response:
-        who = session(request)
-        if who is None:
-            return RedirectResponse("/login", status_code=303)
-        try:
-            run = rt.journal.get_run(run_id, tenant_id=who[0])
-        except RunNotFound:
-            return _page("missing.html", 404, tenant=who[0], csrf=who[1], run_id=run_id)
-        return _page("run.html", tenant=who[0], csrf=who[1], run=run)
+        csrf.require_same_origin(request, fields.get(csrf.FORM_FIELD), csrf.session_token(token))
+    reply = RedirectResponse("/login", status_code=303)
+    reply.delete_cookie(COOKIE)
+    return reply
 
 
-__all__ = ["add_dashboard", "presented_token"]
+@router.get("/runs")
+def runs_page(request: Request, rt: Rt) -> Response:
+    who = _session(request)
+    if who is None:
+        return RedirectResponse("/login", status_code=303)
+    return _page("runs.html", tenant=who[0], csrf=who[1],
+                 runs=rt.journal.list_runs(tenant_id=who[0], limit=RUNS_PER_PAGE))
+
+
+@router.get("/runs/{run_id}")
+def run_page(run_id: str, request: Request, rt: Rt) -> Response:
+    who = _session(request)
+    if who is None:
+        return RedirectResponse("/login", status_code=303)
+    try:
+        run = rt.journal.get_run(run_id, tenant_id=who[0])
+    except RunNotFound:
+        return _page("missing.html", 404, tenant=who[0], csrf=who[1], run_id=run_id)
+    return _page("run.html", tenant=who[0], csrf=who[1], run=run)

@@ -16,8 +16,12 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
+
+from pal.cli import common
+from pal.cli.common import EXIT_RUN_FAILED, EXIT_TIMEOUT
 from pal.tools import tool
 
 DEMO_TICKETS = [
@@ -144,3 +148,61 @@ def wait_until(predicate: Any, timeout: float, poll: float = 0.1) -> bool:
             return True
         time.sleep(poll)
     return bool(predicate())
+
+
+def demo(
+    tickets: Annotated[int, typer.Option(min=1, max=len(DEMO_TICKETS),
+                                         help="How many tickets to triage.")] = 3,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the runs.")] = 120.0,
+) -> None:
+    """Triage support tickets with an agent graph, one node per Celery message, and print the
+    journal. Uses the embedded default (SQLite + filesystem broker) unless PAL_* say otherwise."""
+    from pal.cli.progress import console, describe, journal_table
+    from pal.storage.database import shared_engine
+    from pal.storage.schema.migrate import upgrade
+
+    settings = common.settings()
+    out = console()
+    out.print(f"PAL demo: journal {settings.database_url}, broker {settings.broker_url}")
+    upgrade(shared_engine(settings.database_url))
+    out.print("schema up to date; starting a `pal worker` process (2 children)…")
+    worker_process = start_worker_process(settings.home)
+    try:
+        client = common.client()
+        names: dict[str, str] = {}
+        provider, model = demo_model()
+        out.print(f"replies are drafted by an ai-step: provider {provider}, model {model}"
+                  + (" (offline; set OPENAI_API_KEY or ANTHROPIC_API_KEY for a real one)"
+                     if provider == "scripted" else ""))
+        graph = triage_graph(provider, model)
+        for ticket in DEMO_TICKETS[:tickets]:
+            run_id = client.start_run(graph, ticket)
+            names[run_id] = ticket["id"]
+            out.print(f"queued {run_id} for ticket {ticket['id']}: {ticket['text']!r}")
+        seen = dict.fromkeys(names, 0)
+
+        def drain() -> bool:
+            for run_id, last in seen.items():
+                for event in client.events(run_id, last):
+                    out.print(f"  [{names[run_id]}] {describe(event)}")
+                    seen[run_id] = event.seq
+            return all(client.get_run(r).terminal for r in names)
+
+        if not wait_until(drain, timeout):
+            common.fail(f"runs not finished after {timeout:g}s; see {settings.home}/demo-worker.log",
+                  EXIT_TIMEOUT)
+        drain()
+        failed = 0
+        for run_id, ticket_id in names.items():
+            record = client.get_run(run_id)
+            failed += record.status != "succeeded"
+            out.print(journal_table(client.events(run_id),
+                                    f"journal of {run_id} (ticket {ticket_id}): {record.status}, "
+                                    f"{record.input_tokens}+{record.output_tokens} tokens, "
+                                    f"${record.cost_usd:.6f}"))
+        out.print(f"{len(names) - failed} of {len(names)} runs succeeded; "
+                  f"each step above was one Celery message. Inspect with `pal runs list`.")
+        if failed:
+            raise typer.Exit(EXIT_RUN_FAILED)
+    finally:
+        stop_process(worker_process)

@@ -12,12 +12,13 @@ from rich.console import Console
 from rich.table import Table
 
 from pal.core.records import Event, RunRecord
+from pal.core.vocabulary import EventKind
 
-_MARKS = {
-    "run_queued": "·", "step_started": "▶", "step_completed": "✓", "step_failed": "✗",
-    "run_succeeded": "■", "run_failed": "■", "run_cancelled": "■", "run_recovered": "↻",
-    "run_redelivered": "↻",
-    "step_retrying": "↺", "step_waiting": "…", "step_in_doubt": "?",
+_MARKS: dict[str, str] = {
+    EventKind.RUN_QUEUED: "·", EventKind.STEP_STARTED: "▶", EventKind.STEP_COMPLETED: "✓",
+    EventKind.STEP_FAILED: "✗", EventKind.RUN_SUCCEEDED: "■", EventKind.RUN_FAILED: "■",
+    EventKind.RUN_CANCELLED: "■", EventKind.RUN_RECOVERED: "↻", EventKind.RUN_REDELIVERED: "↻",
+    EventKind.STEP_RETRYING: "↺", EventKind.STEP_WAITING: "…", EventKind.STEP_IN_DOUBT: "?",
 }
 
 
@@ -30,21 +31,21 @@ def describe(event: Event) -> str:
     mark = _MARKS.get(event.kind, "•")
     step = f" {event.step_id}" if event.step_id else ""
     detail = ""
-    if event.kind == "step_completed":
+    if event.kind == EventKind.STEP_COMPLETED:
         detail = " → " + short(event.payload.get("output"))
-    elif event.kind in ("step_failed", "run_failed"):
+    elif event.kind in (EventKind.STEP_FAILED, EventKind.RUN_FAILED):
         detail = " " + short(event.payload.get("error"))
-    elif event.kind == "run_succeeded":
+    elif event.kind == EventKind.RUN_SUCCEEDED:
         detail = " output " + short(event.payload.get("output"))
-    elif event.kind == "run_recovered":
+    elif event.kind == EventKind.RUN_RECOVERED:
         detail = f" generation {event.payload.get('generation')}"
-    elif event.kind == "run_redelivered":
+    elif event.kind == EventKind.RUN_REDELIVERED:
         detail = f" unclaimed, sent again: {', '.join(event.payload.get('steps', []))}"
-    elif event.kind == "step_retrying":
+    elif event.kind == EventKind.STEP_RETRYING:
         error = event.payload.get("error") or {}
         detail = (f" attempt {event.payload.get('attempt')} of {event.payload.get('of')} failed: "
                   + short(error.get("message"), 50))
-    elif event.kind == "step_in_doubt":
+    elif event.kind == EventKind.STEP_IN_DOUBT:
         detail = f" {event.payload.get('effect_kind')} to {event.payload.get('target')} never confirmed"
     return f"{mark} {event.kind}{step}{detail}"
 

@@ -1,4 +1,4 @@
-"""Per-step retry (the specification's "Per-step retry"): a pure decision, no clock, no I/O.
+"""Per-step retry (docs/specification.md, "Per-step retry"): a pure decision, no clock, no I/O.
 
 A node declares `data.retry = {maxAttempts, backoffMs, retryableClasses}`. `maxAttempts` counts the
 first try (default 1: no retry). The caller journals `step_retrying {attempt, of, error}` when the

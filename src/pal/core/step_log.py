@@ -20,7 +20,9 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
-LOG_KINDS = ("step_completed", "step_retrying", "step_waiting")
+from pal.core.vocabulary import EventKind
+
+LOG_KINDS = (EventKind.STEP_COMPLETED, EventKind.STEP_RETRYING, EventKind.STEP_WAITING)
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -50,10 +52,10 @@ class StepLog:
         outputs, retries, waited, seq = dict(self.outputs), dict(self.retries), set(self.waited), self.seq
         for row in rows:
             seq = max(seq, row.seq)
-            if row.kind == "step_completed":
+            if row.kind == EventKind.STEP_COMPLETED:
                 outputs[row.step_id] = (row.payload or {}).get("output")
-            elif row.kind == "step_retrying":
+            elif row.kind == EventKind.STEP_RETRYING:
                 retries[row.step_id] = (*retries.get(row.step_id, ()), row.payload or {})
-            elif row.kind == "step_waiting":
+            elif row.kind == EventKind.STEP_WAITING:
                 waited.add(row.step_id)
         return StepLog(seq, MappingProxyType(outputs), MappingProxyType(retries), frozenset(waited))

@@ -1,4 +1,4 @@
-"""The orphan sweep and re-drive (the specification's "Recovery sweep (shared tier)").
+"""The orphan sweep and re-drive (docs/specification.md, "Recovery sweep").
 
 Every PAL_RECOVERY_INTERVAL celery beat sends `pal.sweep_orphans`. A pass finds at most 20 runs that
 are queued or running with a missing or expired lease, steals each lease with one UPSERT (fresh
@@ -29,7 +29,7 @@ from pal.errors import LeaseBusy, PalError
 
 log = logging.getLogger(__name__)
 
-SWEEP_BATCH = 20  # runs per pass, as the specification says
+SWEEP_BATCH = 20  # runs per pass (docs/specification.md, Recovery sweep)
 RECOVERY_LEASE_SECONDS = 600.0  # the stolen lease's TTL: a fresh 10 minutes
 
 

@@ -1,4 +1,4 @@
-"""The step protocol (DESIGN.md): claim, run with heartbeat, complete and hand off, publish.
+"""The step protocol (docs/architecture.md): claim, run with heartbeat, complete and hand off, publish.
 
 Transport-agnostic: the Celery task `pal.execute_node` calls `execute_step`, and so can a test.
 A node that fails is retried by its `retry` policy (a pure decision in pal.core.retry): the journal
@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from pal.config import Settings
 from pal.core import faults, retry
 from pal.core.clock import utcnow
+from pal.core.failures import failure_payload
 from pal.core.limits import depth_problem
 from pal.core.records import ClaimOutcome, Receipt, RunRecord
 from pal.core.redact import redact, redact_text
@@ -29,7 +30,6 @@ from pal.errors import (
     LeaseLost,
     OutputTooLarge,
     PalError,
-    StepError,
     StepTimeout,
     StorageError,
     WorkLimitExceeded,
@@ -37,6 +37,7 @@ from pal.errors import (
 from pal.nodes import NodeResult, StepContext, idempotency_key
 from pal.nodes.base import Park
 from pal.plan.interpreter import Program
+from pal.plan.model import Node
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -71,13 +72,6 @@ class JournalReceipts:
     def in_doubt(self, detail: Any) -> None:
         self._rt.journal.mark_in_doubt(self._rt.fence(self._run_id, self._generation), self._step_id,
                                        self._attempt, redact(detail))
-
-
-def error_of(exc: BaseException) -> dict[str, Any]:
-    """How a failure is journaled: type, message (redacted: pal.core.redact), code and retry class."""
-    return {"type": type(exc).__name__, "message": redact_text(str(exc)[:4000]),
-            "code": exc.code if isinstance(exc, StepError) else "step_failed",
-            "class": retry.error_class(exc)}
 
 
 def _check_output(output: Any, settings: Settings) -> None:
@@ -117,7 +111,7 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
     program = rt.program_of(claim.run)
     receipts = JournalReceipts(rt, idempotency_key(run_id, step_id, claim.attempt), run_id, step_id,
                                claim.attempt, generation)
-    policy = retry.RetryPolicy()
+    policy, limit_s = retry.RetryPolicy(), settings.step_timeout
     try:
         if len(claim.completed or ()) >= settings.max_steps_per_run:
             raise WorkLimitExceeded(f"the run has completed {len(claim.completed or ())} steps, the most "
@@ -129,18 +123,7 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
                           started_at=utcnow(), loop=loop)
         policy = retry.parse_policy(node.data.get("retry"))
         limit_s = step_time_limit(node.data, settings)
-        with rt.leases.holding(run_id, generation, limit_s):
-            faults.point("before_effect", step_id, run_id)
-            result = node.kind.execute(node.data, ctx)
-            faults.point("after_effect", step_id, run_id)
-            if not isinstance(result, NodeResult | Park):
-                result = NodeResult(result)
-            if isinstance(result, NodeResult):
-                _check_output(result.output, settings)
-                if rt.uses_secrets(claim.run):  # a secret the step rendered and echoed is not journaled
-                    result = NodeResult(scrub_known(result.output), result.usage)
-            elif rt.uses_secrets(claim.run):
-                result = Park(scrub_known(result.payload), result.wake_at)
+        result = _run_node(rt, claim.run, node, ctx, generation, limit_s)
     except (LeaseLost, LeaseGone):
         log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
         return StepResult("fenced")
@@ -155,19 +138,42 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
         # Outside the node's failure handling: a journal error here is not the node's failure (a
         # retry would start a second child); the lease lapses and a re-drive parks the same attempt.
         return _park(rt, claim.run, step_id, claim.attempt, generation, result, program)
+    return _complete(rt, claim.run, step_id, claim.attempt, generation, result, program)
+
+
+def _run_node(rt: Runtime, run: RunRecord, node: Node, ctx: StepContext, generation: int,
+              limit_s: float) -> NodeResult | Park:
+    """The node's effect, under the lease heartbeat and the step's time limit; its result checked
+    (JSON, size, depth) and scrubbed of secret values before anything journals it."""
+    with rt.leases.holding(run.id, generation, limit_s):
+        faults.point("before_effect", ctx.step_id, run.id)
+        raw = node.kind.execute(node.data, ctx)
+        faults.point("after_effect", ctx.step_id, run.id)
+    result: NodeResult | Park = raw if isinstance(raw, NodeResult | Park) else NodeResult(raw)
+    if isinstance(result, NodeResult):
+        _check_output(result.output, rt.settings)
+        if rt.uses_secrets(run):  # a secret the step rendered and echoed is not journaled
+            result = NodeResult(scrub_known(result.output), result.usage)
+    elif rt.uses_secrets(run):
+        result = Park(scrub_known(result.payload), result.wake_at)
+    return result
+
+
+def _complete(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: int, result: NodeResult,
+              program: Program) -> StepResult:
+    """Step protocol, phase 3: journal the completion, then (only after it committed) publish."""
     try:
-        handoff = _once_more_if_disconnected(lambda: journal.complete_step(
-            rt.fence(run_id, generation), step_id, claim.attempt, result.output,
+        handoff = _once_more_if_disconnected(lambda: rt.journal.complete_step(
+            rt.fence(run.id, generation), step_id, attempt, result.output,
             plan=lambda completed: program.handoff(completed, step_id), usage=result.usage,
             frontier=program.redrive_steps))
     except LeaseLost:
-        log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
+        log.warning("run %s step %s: fenced out (generation %d)", run.id, step_id, generation)
         return StepResult("fenced")
-    # Publish only after the commit: a crash here leaves a lease that expires and the sweep
-    # re-drives the successors.
-    rt.hand_off(run_id, step_id, handoff.dispatch, generation)
+    # A crash before the publish leaves a lease that expires and the sweep re-drives the successors.
+    rt.hand_off(run.id, step_id, handoff.dispatch, generation)
     if handoff.finished:
-        _wake_parent(rt, claim.run.parent_run_id)
+        _wake_parent(rt, run.parent_run_id)
     return StepResult("completed", handoff.dispatch, handoff.finished)
 
 
@@ -216,7 +222,7 @@ def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: in
             exc: BaseException, policy: retry.RetryPolicy, parent_run_id: str | None) -> StepResult:
     """Retry the step when its policy says so, else fail it (and the run)."""
     settings, journal = rt.settings, rt.journal
-    error = error_of(exc)
+    error = failure_payload(exc)
     decision = retry.decide(policy, attempt, error["class"])
     if decision.retry:
         kept = journal.retry_step(rt.fence(run_id, generation), step_id, attempt, of=policy.max_attempts,

@@ -1,10 +1,10 @@
-"""Durable waits: approval decisions, children waking their parents, expiries, cancellation.
+"""Durable waits: approval decisions, children waking their parents, expiries.
 
 A parked step (`step_waiting`) is resumed only here, each time in one journal transaction
-(`Journal.resume_waiting`), after which the successors are published under the generation it
-returns. A parked run holds no lease and no worker; its lock row is a wake-up timer the sweep
-honours (an approval's expiry, a finished child, a periodic re-check), so a lost wake-up message
-costs time, never the run.
+(`WaitStore.resume_waiting`, pal.storage.waits), after which the successors are published under
+the generation it returns. A parked run holds no lease and no worker; its lock row is a wake-up
+timer the sweep honours (an approval's expiry, a finished child, a periodic re-check), so a lost
+wake-up message costs time, never the run.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pal.core.clock import utcnow
+from pal.core.failures import failure_payload
 from pal.core.records import Handoff, RunRecord
+from pal.core.vocabulary import EventKind
 from pal.engine.runtime import Runtime
 from pal.errors import PalError, Refused, StepError
 from pal.plan.interpreter import GraphProgram, Program
@@ -34,9 +36,25 @@ class ChildRunFailed(StepError):
     error_class = "tool"
 
 
+class ChildRunForeign(ChildRunFailed):
+    """A run answered a subagent step that is not that step's own child (docs/security.md)."""
+
+    code = "child_run_foreign"
+
+
+class ApprovalNotGranted(StepError):
+    """An approval was rejected or expired and the graph has no edge for that branch."""
+
+    error_class = "approval"
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class ChildRunPaused(StepError):
     """The child run stopped on an approval and the subagent node says onChildApproval: fail
-    (the specification's ErrChildRunPaused)."""
+    (ErrChildRunPaused in docs/specification.md)."""
 
     code = "child_run_paused"
 
@@ -86,9 +104,9 @@ def _branch_outcome(program: Program, step_id: str, branch: str, detail: Mapping
     if branch == "approved" or _branch_wired(program, step_id, branch):
         return {"branch": branch, **detail}, None
     code = "approval_rejected" if branch == "rejected" else "approval_expired"
-    return None, {"type": "ApprovalNotGranted", "code": code, "class": "approval",
-                  "message": f"approval {step_id!r} was {branch} and the graph has no {branch!r} branch",
-                  **detail}
+    refusal = ApprovalNotGranted(f"approval {step_id!r} was {branch} and the graph has no {branch!r} branch",
+                                 code)
+    return None, failure_payload(refusal, **detail)
 
 
 def decide(rt: Runtime, run_id: str, step_id: str, decision: str, *, by: str,
@@ -112,7 +130,7 @@ def decide(rt: Runtime, run_id: str, step_id: str, decision: str, *, by: str,
     detail = {"decision": decision, "by": by, "comment": comment,
               "approval_hash": (waiting.get(step_id) or {}).get("approval_hash")}
     output, error = _branch_outcome(rt.program_of(run), step_id, decision, detail)
-    return _resume(rt, run, step_id, output=output, error=error, event=("approval_decided", detail),
+    return _resume(rt, run, step_id, output=output, error=error, event=(EventKind.APPROVAL_DECIDED, detail),
                    check=check, now=now)
 
 
@@ -141,8 +159,8 @@ def wake(rt: Runtime, run_id: str, now: datetime | None = None) -> int:
                 detail = {"decision": "timeout", "by": "pal:expiry", "comment": None,
                           "approval_hash": payload.get("approval_hash")}
                 output, error = _branch_outcome(program, step_id, "timeout", detail)
-                _resume(rt, run, step_id, output=output, error=error, event=("approval_decided", detail),
-                        now=now)
+                _resume(rt, run, step_id, output=output, error=error,
+                        event=(EventKind.APPROVAL_DECIDED, detail), now=now)
                 resumed += 1
             elif payload.get("kind") == "subagent":
                 resumed += _wake_subagent(rt, run, program, step_id, payload["child_run_id"], now)
@@ -160,26 +178,21 @@ def _wake_subagent(rt: Runtime, run: RunRecord, program: Program, step_id: str, 
     if (child.parent_run_id, child.parent_step_id, child.tenant_id) != (run.id, step_id, run.tenant_id):
         # Only this step's own child may answer it (docs/security.md): never a run someone else
         # created under the id first.
-        stranger = ChildRunFailed(f"run {child_id} is not the child run of step {step_id!r}")
-        _resume(rt, run, step_id, now=now, error={
-            "type": type(stranger).__name__, "code": "child_run_foreign", "class": stranger.error_class,
-            "message": str(stranger), "child_run_id": child_id})
+        stranger = ChildRunForeign(f"run {child_id} is not the child run of step {step_id!r}")
+        _resume(rt, run, step_id, now=now, error=failure_payload(stranger, child_run_id=child_id))
         return 1
     if child.status == "succeeded":
         _resume(rt, run, step_id, output=child.output, now=now)
         return 1
     if child.terminal:
         error = ChildRunFailed(f"child run {child_id} {child.status}")
-        _resume(rt, run, step_id, now=now, error={
-            "type": type(error).__name__, "code": error.code, "class": error.error_class,
-            "message": str(error), "child_run_id": child_id, "child_error": child.error})
+        _resume(rt, run, step_id, now=now,
+                error=failure_payload(error, child_run_id=child_id, child_error=child.error))
         return 1
     mode = program.node(step_id).data.get("onChildApproval", "wait")
     if child.status == "waiting" and mode == "fail" and pending_approvals(rt, child_id):
         paused = ChildRunPaused(f"child run {child_id} stopped on an approval")
-        _resume(rt, run, step_id, now=now, error={
-            "type": type(paused).__name__, "code": paused.code, "class": paused.error_class,
-            "message": str(paused), "child_run_id": child_id})
+        _resume(rt, run, step_id, now=now, error=failure_payload(paused, child_run_id=child_id))
         return 1
     return 0
 

@@ -2,7 +2,7 @@
 
 The call carries `Idempotency-Key: sha256("runID|stepID|attempt")`. Once the step has
 `step_completed`, a replay reads the output from the journal and the provider is never called
-again (the completed-step check of the step protocol; the specification's checkCachedLLMStep).
+again (the completed-step check of the step protocol; docs/specification.md, Replay).
 """
 
 from __future__ import annotations

@@ -29,14 +29,6 @@ class LoopTooLong(StepError):
     code = "loop_too_long"
 
 
-def items_step(loop_id: str) -> str:
-    return f"{loop_id}[items]"
-
-
-def iteration_prefix(loop_id: str, index: int) -> str:
-    return f"{loop_id}[{index}]."
-
-
 class Loop(NodeKind):
     type_name = "loop"
     fields: ClassVar[Mapping[str, Field]] = {

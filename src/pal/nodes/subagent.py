@@ -5,7 +5,7 @@ it already started and never spawns a second one. The parent parks with no worke
 terminal event wakes it, and the child's output (or failure, code `child_run_failed`) becomes the
 step's result. A child that stops on an approval keeps the parent waiting and its approval is
 listed from the parent; `onChildApproval: "fail"` instead fails the step with code
-`child_run_paused` (the specification's ErrChildRunPaused).
+`child_run_paused` (ErrChildRunPaused in docs/specification.md).
 """
 
 from __future__ import annotations

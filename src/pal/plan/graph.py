@@ -17,14 +17,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-import jinja2
-import yaml
-from jinja2 import nodes as jnodes
-
 from pal.core import templates
-from pal.core.limits import load_yaml
 from pal.errors import GraphError
-from pal.nodes import KINDS, NodeKind, get_kind
+from pal.nodes import KINDS
+from pal.plan.documents import check_size, load_graph_text
+from pal.plan.model import Edge, Node
+from pal.plan.references import check_references, descendants, template_strings
 
 EmbeddedCheck = Callable[[Mapping[str, Any], frozenset[str] | None], list[str]]
 """The problems of a plan a node embeds, given the known tools (empty when valid)."""
@@ -35,28 +33,6 @@ EDGE_KEYS = frozenset(
     {"id", "source", "target", "sourceHandle", "targetHandle", "type", "label", "animated",
      "data", "style", "markerEnd", "selected"}
 )
-
-
-@dataclass(frozen=True)
-class Node:
-    id: str
-    type: str
-    data: Mapping[str, Any]
-
-    @property
-    def kind(self) -> NodeKind:
-        return get_kind(self.type)
-
-
-@dataclass(frozen=True)
-class Edge:
-    source: str
-    target: str
-    source_handle: str | None = None
-
-    def describe(self) -> str:
-        handle = f" [{self.source_handle}]" if self.source_handle else ""
-        return f"edge {self.source}{handle} -> {self.target}"
 
 
 @dataclass(frozen=True)
@@ -107,27 +83,6 @@ class Graph:
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def load_graph_text(text: str, *, max_bytes: int | None = None) -> Any:
-    """Decode a JSON or YAML graph document (not yet validated)."""
-    if max_bytes is not None and len(text.encode()) > max_bytes:
-        raise GraphError(
-            [f"graph document is {len(text.encode())} bytes, over the limit of {max_bytes} "
-             "(PAL_MAX_GRAPH_BYTES)"]
-        )
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    except RecursionError as exc:  # nested brackets, far past any real graph (PAL_MAX_JSON_DEPTH)
-        raise GraphError(["graph document nests too deeply to decode"]) from exc
-    try:
-        return load_yaml(text)  # no anchors or aliases: they expand past the byte limit (pal.core.limits)
-    except yaml.YAMLError as exc:
-        raise GraphError([f"graph is neither JSON nor YAML: {exc}"]) from exc
-    except RecursionError as exc:
-        raise GraphError(["graph document nests too deeply to decode"]) from exc
-
-
 def parse_graph(
     document: Any,
     *,
@@ -140,13 +95,8 @@ def parse_graph(
     kind never imports the planner."""
     if isinstance(document, str):
         document = load_graph_text(document, max_bytes=max_bytes)
-    elif max_bytes is not None:
-        size = len(json.dumps(document, default=str).encode())
-        if size > max_bytes:
-            raise GraphError(
-                [f"graph document is {size} bytes, over the limit of {max_bytes} "
-                 "(PAL_MAX_GRAPH_BYTES)"]
-            )
+    else:
+        check_size(document, max_bytes=max_bytes)
     problems: list[str] = []
     nodes = _parse_nodes(document, known_tools, problems, embedded)
     edges = _parse_edges(document, nodes, problems)
@@ -154,7 +104,7 @@ def parse_graph(
     order = _topological_order(nodes, edges, problems)
     if trigger_id and order is not None:
         _check_reachable(nodes, edges, trigger_id, problems)
-        _check_references(nodes, edges, problems)
+        check_references(nodes, edges, problems)
         _check_loop_bodies(nodes, edges, known_tools, problems, embedded)
     if problems or trigger_id is None or order is None:
         raise GraphError(problems)
@@ -220,13 +170,6 @@ def _parse_nodes(
                 problems.append(f"{where}: data.{path}: {error}")
         nodes[node_id] = Node(id=node_id, type=node_type, data=dict(data))
     return nodes
-
-
-def template_strings(kind: NodeKind, data: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(path, text) of every string in a node's data that is rendered in this graph's context;
-    fields holding an embedded plan (a subagent's graph, a loop's body) are checked by their own."""
-    return [(path, text) for key, value in data.items() if key not in kind.opaque_fields
-            for path, text in templates.iter_strings(value, str(key))]
 
 
 def _json_problem(data: Any) -> str | None:
@@ -330,7 +273,7 @@ def _topological_order(
     if len(order) == len(nodes):
         return tuple(order)
     remaining = [edge for edge in edges if indegree[edge.source] > 0 and indegree[edge.target] > 0]
-    in_cycle = sorted(n for n, degree in indegree.items() if degree > 0 and n in _descendants(n, remaining))
+    in_cycle = sorted(n for n, degree in indegree.items() if degree > 0 and n in descendants(n, remaining))
     if any(nodes[n].kind.allows_cycles for n in in_cycle):
         return tuple(order) + tuple(in_cycle)
     problems.append(
@@ -344,7 +287,7 @@ def _check_loop_bodies(nodes: Mapping[str, Node], edges: list[Edge], known_tools
     reversed_edges = [Edge(source=e.target, target=e.source) for e in edges]
     for node in nodes.values():
         if node.type == "loop" and "body" in node.data:
-            outer = frozenset(_descendants(node.id, reversed_edges))
+            outer = frozenset(descendants(node.id, reversed_edges))
             try:
                 parse_body(node.data["body"], known_tools=known_tools, outer=outer,
                            outer_all=frozenset(nodes), embedded=embedded)
@@ -369,7 +312,7 @@ def parse_body(document: Any, *, known_tools: frozenset[str] | None,
     edges = _parse_edges(document, nodes, problems)
     order = _topological_order(nodes, edges, problems)
     if order is not None and outer is not None:
-        _check_references(nodes, edges, problems, outer=outer, outer_all=outer_all)
+        check_references(nodes, edges, problems, outer=outer, outer_all=outer_all)
     if problems or order is None:
         raise GraphError(problems, what="loop body")
     return Graph(nodes=nodes, edges=tuple(edges), trigger_id="", order=order)
@@ -378,72 +321,9 @@ def parse_body(document: Any, *, known_tools: frozenset[str] | None,
 def _check_reachable(
     nodes: Mapping[str, Node], edges: list[Edge], trigger_id: str, problems: list[str]
 ) -> None:
-    reached = _descendants(trigger_id, edges) | {trigger_id}
+    reached = descendants(trigger_id, edges) | {trigger_id}
     for node_id in nodes:
         if node_id not in reached:
             problems.append(f"node {node_id!r}: unreachable from the trigger {trigger_id!r}")
 
 
-def _descendants(start: str, edges: list[Edge]) -> set[str]:
-    successors: dict[str, list[str]] = {}
-    for edge in edges:
-        successors.setdefault(edge.source, []).append(edge.target)
-    seen: set[str] = set()
-    stack = [start]
-    while stack:
-        for nxt in successors.get(stack.pop(), []):
-            if nxt not in seen:
-                seen.add(nxt)
-                stack.append(nxt)
-    return seen
-
-
-def _check_references(
-    nodes: Mapping[str, Node], edges: list[Edge], problems: list[str],
-    outer: frozenset[str] = frozenset(), outer_all: frozenset[str] = frozenset(),
-) -> None:
-    """`{{ nodes.X... }}` must name a node upstream of the one that uses it (in a loop body:
-    upstream in the body, or in `outer`, the nodes that run before the loop)."""
-    reversed_edges = [Edge(source=e.target, target=e.source) for e in edges]
-    for node in nodes.values():
-        ancestors: set[str] | None = None
-        for path, text in template_strings(node.kind, node.data):
-            for ref in _referenced_nodes(text):
-                if ref in outer and ref not in nodes:
-                    continue
-                if ref in outer_all and ref not in nodes:
-                    problems.append(f"node {node.id!r}: data.{path} refers to node {ref!r}, which does "
-                                    "not run before the loop")
-                    continue
-                if ref not in nodes:
-                    problems.append(
-                        f"node {node.id!r}: data.{path} refers to unknown node {ref!r}"
-                    )
-                    continue
-                if ancestors is None:
-                    ancestors = _descendants(node.id, reversed_edges)
-                if ref not in ancestors:
-                    problems.append(
-                        f"node {node.id!r}: data.{path} refers to node {ref!r}, which does not "
-                        "run before it"
-                    )
-
-
-def _referenced_nodes(text: str) -> set[str]:
-    if not templates.has_template(text):
-        return set()
-    found: set[str] = set()
-    try:
-        ast = jinja2.Environment().parse(text)
-        for getattr_node in ast.find_all(jnodes.Getattr):
-            inner = getattr_node.node
-            if isinstance(inner, jnodes.Name) and inner.name == "nodes":
-                found.add(getattr_node.attr)
-        for getitem in ast.find_all(jnodes.Getitem):
-            inner = getitem.node
-            if (isinstance(inner, jnodes.Name) and inner.name == "nodes"
-                    and isinstance(getitem.arg, jnodes.Const) and isinstance(getitem.arg.value, str)):
-                found.add(getitem.arg.value)
-    except (jinja2.TemplateSyntaxError, RecursionError):
-        return set()  # already reported by templates.check: a syntax error, or nested too deeply
-    return found

@@ -11,7 +11,6 @@ matches the edge's sourceHandle; it is dead when its source was skipped or chose
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -20,7 +19,9 @@ from typing import Any, Protocol
 
 from pal.core.records import Handoff
 from pal.core.views import OnlyKeys
-from pal.plan.graph import Edge, Graph, Node
+from pal.plan.graph import Graph
+from pal.plan.loop_steps import LoopStep, items_step, iteration_prefix, iteration_step, parse_loop_step
+from pal.plan.model import Edge, Node
 
 
 @dataclass(frozen=True)
@@ -161,11 +162,6 @@ class Program(Protocol):
         ...
 
 
-# loop[items], or loop[3].local
-_LOOP_STEP = re.compile(
-    r"^(?P<loop>[A-Za-z_][A-Za-z0-9_-]*)\[(?:(?P<items>items)|(?P<index>\d+)\]\.(?P<local>.+)|)")
-
-
 @dataclass(frozen=True)
 class GraphProgram:
     """A graph run's plan: the pure walk above, with each ready loop node expanded into its own
@@ -194,31 +190,27 @@ class GraphProgram:
         loop_id, index, local = self._locate(step_id)
         return self.graph.bodies[loop_id].outgoing[local] if index is not None and local else ()
 
-    def _locate(self, step_id: str) -> tuple[str, int | None, str | None]:
-        match = _LOOP_STEP.match(step_id)
-        if match is None or match["loop"] not in self.graph.bodies:
+    def _locate(self, step_id: str) -> LoopStep:
+        found = parse_loop_step(step_id)
+        if found is None or found.loop_id not in self.graph.bodies:
             raise KeyError(step_id)
-        if match["items"]:
-            if step_id != f"{match['loop']}[items]":
-                raise KeyError(step_id)
-            return match["loop"], None, None
-        if match["index"] is None or match["local"] not in self.graph.bodies[match["loop"]].nodes:
+        if found.iteration is not None and found.local not in self.graph.bodies[found.loop_id].nodes:
             raise KeyError(step_id)
-        return match["loop"], int(match["index"]), match["local"]
+        return found
 
     def _iteration(self, loop_id: str, index: int, completed: Mapping[str, Any]) -> dict[str, Any]:
-        prefix = f"{loop_id}[{index}]."
+        prefix = iteration_prefix(loop_id, index)
         return {k[len(prefix):]: v for k, v in completed.items() if k.startswith(prefix)}
 
     def _loop_frontier(self, loop_id: str, completed: Mapping[str, Any]) -> tuple[str, ...]:
-        items_step = f"{loop_id}[items]"
-        if items_step not in completed:
-            return (items_step,)
+        items = items_step(loop_id)
+        if items not in completed:
+            return (items,)
         body = self.graph.bodies[loop_id]
-        for index in range(len(completed[items_step]["items"])):
+        for index in range(len(completed[items]["items"])):
             state = progress(body, self._iteration(loop_id, index, completed))
             if not state.finished:  # iterations run one after another
-                return tuple(f"{loop_id}[{index}].{n}" for n in body.order if n in state.ready)
+                return tuple(iteration_step(loop_id, index, n) for n in body.order if n in state.ready)
         return (loop_id,)
 
     def frontier(self, completed: Mapping[str, Any], state: Progress | None = None) -> tuple[str, ...]:
@@ -297,14 +289,14 @@ class GraphProgram:
         outer = OnlyKeys(completed, self.graph.nodes)
         node = self.graph.nodes.get(step_id)
         if node is not None and node.type == "loop":
-            count = len(completed[f"{step_id}[items]"]["items"])
+            count = len(completed[items_step(step_id)]["items"])
             return outer, {"results": [self._iteration_output(step_id, i, completed) for i in range(count)]}
         if node is not None:
             return outer, None
         loop_id, index, _ = self._locate(step_id)
         if index is None:
             return outer, None
-        items = completed[f"{loop_id}[items]"]["items"]
+        items = completed[items_step(loop_id)]["items"]
         return (dict(outer) | self._iteration(loop_id, index, completed),  # the iteration's own win
                 {"item": items[index], "index": index, "count": len(items)})
 

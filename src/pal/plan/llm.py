@@ -19,11 +19,12 @@ from typing import Any
 
 from pal.config import DEFAULT_MAX_TURNS
 from pal.core import retry, templates
+from pal.core.failures import failure_payload
 from pal.core.records import Handoff
 from pal.errors import GraphError, TurnLimitReached
 from pal.nodes.ai_step import DEFAULT_MODEL, DEFAULT_PROVIDER, provider_problems
 from pal.nodes.llm_turn import tool_step_id, turn_id
-from pal.plan.graph import Node
+from pal.plan.model import Node
 
 MAX_TURNS_LIMIT = 100
 SPEC_FIELDS: dict[str, tuple[type, ...]] = {
@@ -91,9 +92,7 @@ class LlmProgram:
             if turn >= self.max_turns:  # no turn would read these tools' results: do not run them
                 error = TurnLimitReached(
                     f"the model still asked for tools after {turn} turn(s) (maxTurns {self.max_turns})")
-                return Handoff(dispatch=(), finished=True,
-                               error={"type": type(error).__name__, "code": error.code,
-                                      "message": str(error)})
+                return Handoff(dispatch=(), finished=True, error=failure_payload(error))
             waiting = tuple(tool_step_id(turn, i) for i in range(len(calls))
                             if tool_step_id(turn, i) not in completed)
             if waiting:

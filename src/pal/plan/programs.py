@@ -6,15 +6,14 @@ subagent node's embedded graph at validation time.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pal.config import DEFAULT_MAX_JSON_DEPTH
-from pal.core.limits import depth_problem
 from pal.errors import GraphError
-from pal.plan.graph import load_graph_text, parse_graph
+from pal.plan.documents import check_depth, check_size, load_graph_text
+from pal.plan.graph import parse_graph
 from pal.plan.interpreter import GraphProgram, Program
 from pal.plan.llm import is_llm_document, parse_llm_spec
 
@@ -32,14 +31,9 @@ def parse_plan(document: Any, *, known_tools: frozenset[str] | None, max_bytes: 
     """Validate a graph or plain-LLM document; GraphError lists every problem."""
     if isinstance(document, str):
         document = load_graph_text(document, max_bytes=max_bytes)
-    problem = depth_problem(document, max_depth, "the document")
-    if problem:
-        raise GraphError([problem])
+    check_depth(document, max_depth)
     if is_llm_document(document):
-        size = len(json.dumps(document, default=str).encode())
-        if max_bytes is not None and size > max_bytes:
-            raise GraphError([f"llm run spec is {size} bytes, over the limit of {max_bytes} "
-                              "(PAL_MAX_GRAPH_BYTES)"], what="llm run")
+        check_size(document, max_bytes=max_bytes, what="llm run spec", error_what="llm run")
         llm = parse_llm_spec(document, known_tools=known_tools)
         return Plan("llm", llm.document(), llm.hash, llm)
     graph = parse_graph(document, known_tools=known_tools, max_bytes=max_bytes, embedded=plan_problems)

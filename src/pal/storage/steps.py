@@ -32,7 +32,7 @@ from pal.storage.one_call import AutocommitCalls, FunctionCall
 from pal.storage.primitives import Primitives
 from pal.storage.schema import runs
 
-_CLAIM_FENCE_CALL = FunctionCall.of("pal_claim_fence", ("text", "integer", "text", "timestamptz", "bigint"))
+_READ_LOG = FunctionCall.of("pal_read_log", ("text", "integer", "bigint"))
 _CLAIM_STEP = FunctionCall.of("pal_claim_step", (
     "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz", "boolean"))
 _COMPLETE_STEP = FunctionCall.of("pal_complete_step", (
@@ -104,10 +104,9 @@ class StepStore(Primitives):
             return None
         if ready is not None and not ready(run, known.outputs):
             # Usually this process's log is only behind (another process completed the step's
-            # predecessor): fence and read what came after it in one more autocommit call, then
-            # decide on the fresh log. Nothing but the lease's expiry is written by that call.
-            rows = [EventRow(*row) for row in calls.rows(_CLAIM_FENCE_CALL, (
-                run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq))]
+            # predecessor): read what came after it in one more autocommit call, which writes
+            # nothing, then decide on the fresh log.
+            rows = [EventRow(*row) for row in calls.rows(_READ_LOG, (run_id, fence.generation, known.seq))]
             if rows and rows[0].seq == FENCED_OUT:
                 return None  # stale or over: the transaction says which
             if rows:

@@ -2,11 +2,11 @@
 
 A worker's main process sends three task events per message it runs (received, started,
 succeeded) for Flower. Celery buffers them and flushes the buffer on the event loop's next turn,
-so under PAL's one-message-per-node load nearly every event leaves alone: a publish of about
-0.25 ms of CPU and a Redis round trip during which the loop receives and dispatches nothing.
+so under PAL's one-message-per-node load nearly every event leaves alone: a publish's CPU and a
+Redis round trip during which the loop receives and dispatches nothing.
 This consumer flushes at most every `EVENT_FLUSH_DELAY` seconds instead (and at once whenever 24
 events are waiting, Celery's buffer limit): Flower sees each event up to that much later, and the
-main process's work per message drops by about a third. It flushes what is left before the
+main process's work per message drops (docs/benchmarks.md has the figures). It flushes what is left before the
 consumer stops, so a worker's last events are not lost on a warm shutdown.
 
 A flush of a full buffer can leave the timer of an earlier event pending; when it fires, the

@@ -4,11 +4,11 @@ Every step hands off by publishing one message per successor, so this is the hot
 makes. `Celery.send_task` serves any task on any broker: it looks the task up and merges its
 options, routes it, copies and binds the queue and the event exchange to declare them (cached or
 not), wraps the publish in a retry, and sends the message and its task-sent event as two Redis
-round trips. On the measured machine that is about 0.76 ms of CPU per message, a sixth of all the
-CPU a step costs. This publisher builds the same protocol-2 message with Celery's own
+round trips, a large share of all the CPU a step costs (docs/benchmarks.md).
+This publisher builds the same protocol-2 message with Celery's own
 `amqp.as_task_v2` and the same task-sent event with the app's event dispatcher, declares the queue
 and the exchange once per connection, and sends both through kombu's Redis publish batch: one
-pipeline, one round trip, about 0.31 ms.
+pipeline, one round trip.
 
 It is used only for plain dispatches on PAL's Redis transport. A batch (the sweep's re-drives)
 holds its messages and sends them all in one pipeline when it ends. A countdown, or any failure of

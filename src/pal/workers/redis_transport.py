@@ -1,10 +1,10 @@
 """kombu's Redis transport, minus a new redis-py client object for every command.
 
 kombu 5.7 builds a fresh `redis.Redis` for each publish, ack and event it sends outside the
-consumer's poll (`Channel.conn_or_acquire`). Building one costs about 120 µs on the measured
-machine, most of it copying redis-py's table of response callbacks, and a step sends four or five
-of them (its message and task-sent event from the pool process; the ack and the task events from
-the worker's main process): a tenth of all the CPU a step costs. The client object holds no
+consumer's poll (`Channel.conn_or_acquire`). Building one is mostly copying redis-py's table of
+response callbacks, and a step sends four or five of them (its message and task-sent event from
+the pool process; the ack and the task events from the worker's main process): a noticeable share
+of the CPU a step costs (docs/benchmarks.md). The client object holds no
 connection of its own (every command takes one from the channel's pool and gives it back), so
 one object per pool does the same work. It is rebuilt when the channel replaces its pool (after a
 fork or a disconnect).

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 
-from pal.core.vocabulary import IN_FLIGHT_STATUSES, TERMINAL_EVENT_KINDS
+from pal.core.vocabulary import IN_FLIGHT_STATUSES, TERMINAL_EVENT_KINDS, EventKind
 
 metadata = sa.MetaData(
     naming_convention={
@@ -107,8 +107,8 @@ sa.Index(
     journal_events.c.run_id,
     journal_events.c.step_id,
     unique=True,
-    postgresql_where=journal_events.c.kind == "step_completed",
-    sqlite_where=journal_events.c.kind == "step_completed",
+    postgresql_where=journal_events.c.kind == EventKind.STEP_COMPLETED,
+    sqlite_where=journal_events.c.kind == EventKind.STEP_COMPLETED,
 )
 # ...one terminal event per run...
 sa.Index(
@@ -127,8 +127,8 @@ sa.Index(
     journal_events.c.attempt,
     journal_events.c.generation,
     unique=True,
-    postgresql_where=journal_events.c.kind == "step_started",
-    sqlite_where=journal_events.c.kind == "step_started",
+    postgresql_where=journal_events.c.kind == EventKind.STEP_STARTED,
+    sqlite_where=journal_events.c.kind == EventKind.STEP_STARTED,
 )
 
 run_locks = sa.Table(

@@ -10,7 +10,7 @@ predates the lock wait).
 
 A claim commits without waiting for its WAL to reach the disk; see docs/guarantees.md.
 
-The decisions stay in Python (pal.storage.journal, pal.core.step_log); the
+The decisions stay in Python (pal.storage.steps, pal.core.step_log); the
 functions only run the SQL in order.
 A row with seq -1 means "fenced out", -2 "this step already has its step_completed".
 

@@ -3,7 +3,7 @@
 `pal_claim_step` fences the lease, reads the run's new step events and appends `step_started` for
 the attempt the caller predicted from the step log it already holds, but only if none of the new
 events concerns that step (then the prediction still holds; otherwise nothing is started and the
-caller decides again in a transaction, pal.storage.journal). The first step of a run also flips it from
+caller decides again in a transaction, pal.storage.steps). The first step of a run also flips it from
 `queued` to `running`. Called in autocommit mode it is its own transaction: one round trip in
 all, where BEGIN, fence-and-read, start and COMMIT were four. Its commit does not wait for its
 WAL flush, as 0005's claim (docs/guarantees.md, "Durable commits").

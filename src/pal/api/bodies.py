@@ -1,0 +1,39 @@
+"""The JSON request bodies of the /v1 routes (pydantic models; FastAPI validates them, and the
+OpenAPI schema describes them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field, model_validator
+
+from pal.api.limits import unstorable_problem
+from pal.errors import InputError
+
+
+class Body(BaseModel):
+    """A JSON body: refused (422, naming where) when any string or key holds NUL or a lone
+    surrogate, before field validation, so neither reaches the journal nor an error echo."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        problem = unstorable_problem(data, "body")
+        if problem is not None:
+            raise InputError(problem)  # passes through pydantic to the PalError handler: a 422
+        return data
+
+
+class StartRun(Body):
+    graph: dict[str, Any] = Field(description="A graph document, or a plain-LLM spec ({\"kind\": \"llm\"})")
+    input: Any = None
+    run_id: str | None = Field(None, description="Your own id: the same id twice returns the existing run")
+
+
+class Decision(Body):
+    comment: str | None = None
+    approval_hash: str | None = Field(None, description="Refuse unless the pending approval has this hash")
+
+
+class Cancel(Body):
+    reason: str | None = None

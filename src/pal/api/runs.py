@@ -1,0 +1,80 @@
+"""The run routes of /v1: start a run, list and read runs, their journal and waterfall, cancel
+and resume. Each calls a run service (pal.engine.runs, pal.engine.recovery) or a named read of the
+journal, always scoped to the caller's tenant."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import JSONResponse
+
+from pal.api.auth import Auth
+from pal.api.bodies import Cancel, StartRun
+from pal.api.deps import Rt, own_run
+from pal.api.waterfall import waterfall as build_waterfall
+from pal.core.clock import utcnow
+from pal.core.vocabulary import ALL_STATUSES
+from pal.engine.recovery import resume as resume_run
+from pal.engine.runs import cancel as cancel_run
+from pal.engine.runs import start_run
+
+router = APIRouter()
+
+# Route functions keep their names: FastAPI derives each route's name, summary and OpenAPI
+# operationId from them, and clients may rely on those.
+
+
+@router.post("/v1/runs", status_code=201)
+def start(body: StartRun, caller: Auth, rt: Rt) -> JSONResponse:
+    """Start a run; with `run_id`, idempotent: the same id returns the existing run (200)."""
+    record, created = start_run(rt, body.graph, body.input, run_id=body.run_id,
+                                tenant_id=caller.tenant_id)
+    return JSONResponse(record.as_dict(), status_code=201 if created else 200)
+
+
+@router.get("/v1/runs")
+def list_runs(caller: Auth, rt: Rt, status: Annotated[str | None, Query()] = None,
+              limit: Annotated[int, Query(ge=1, le=500)] = 50,
+              offset: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+    """Runs of the caller's tenant, newest first."""
+    if status is not None and status not in ALL_STATUSES:
+        raise HTTPException(422, f"unknown status {status!r} (one of: {', '.join(ALL_STATUSES)})")
+    # One more than a page: whether it comes back says if there is a next page.
+    records = rt.journal.list_runs(tenant_id=caller.tenant_id, status=status, limit=limit + 1,
+                                   offset=offset)
+    return {"runs": [r.as_dict() for r in records[:limit]],
+            "next_offset": offset + limit if len(records) > limit else None}
+
+
+@router.get("/v1/runs/{run_id}")
+def get_run(run_id: str, caller: Auth, rt: Rt) -> dict[str, Any]:
+    return own_run(rt, run_id, caller).as_dict()
+
+
+@router.get("/v1/runs/{run_id}/journal")
+def journal(run_id: str, caller: Auth, rt: Rt, after: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+    """The run's journal events after `after` (a seq), as JSON."""
+    own_run(rt, run_id, caller)
+    return {"events": [e.as_dict() for e in rt.journal.events(run_id, after)]}
+
+
+@router.post("/v1/runs/{run_id}/cancel")
+def cancel(run_id: str, caller: Auth, rt: Rt, body: Cancel | None = None) -> dict[str, Any]:
+    own_run(rt, run_id, caller)
+    return {"cancelled": cancel_run(rt, run_id, by=f"tenant:{caller.tenant_id}",
+                                    reason=body.reason if body else None)}
+
+
+@router.post("/v1/runs/{run_id}/resume")
+def resume(run_id: str, caller: Auth, rt: Rt) -> dict[str, Any]:
+    own_run(rt, run_id, caller)
+    recovery = resume_run(rt, run_id)  # ResumeRefused: a 409 (pal.api.errors)
+    return {"generation": recovery.generation, "resumed_steps": list(recovery.resumed_steps)}
+
+
+@router.get("/v1/runs/{run_id}/waterfall")
+def waterfall(run_id: str, caller: Auth, rt: Rt) -> dict[str, Any]:
+    """The run waterfall: one row per step on a shared time axis (what the dashboard draws)."""
+    run = own_run(rt, run_id, caller)
+    return build_waterfall(run, rt.journal.events(run_id), utcnow())

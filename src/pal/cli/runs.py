@@ -1,0 +1,217 @@
+"""`pal run` and `pal runs ...`: start a run, follow it, inspect, decide, resume and cancel runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pal.cli import common
+from pal.cli.common import EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_RUN_FAILED, EXIT_TIMEOUT
+from pal.errors import PalError, Refused
+from pal.plan.documents import load_graph_text
+
+runs_app = typer.Typer(help="Inspect runs.", no_args_is_help=True)
+_COMMENT = typer.Option("--comment", "-m", help="Why; journaled with the decision.")
+_BY = typer.Option("--by", help="Who decides (default: $USER).")
+_HASH = typer.Option("--hash", help="Refuse unless the pending approval's hash is this (what you reviewed).")
+
+
+def run(
+    graph: Annotated[Path, typer.Argument(help="Graph file, JSON or YAML.")],
+    input: Annotated[str | None, typer.Option("--input", "-i", help="Run input, JSON.")] = None,
+    run_id: Annotated[str | None, typer.Option(help="Your own run id (idempotent).")] = None,
+    follow: Annotated[bool, typer.Option(help="Show steps live until the run ends.")] = True,
+    timeout: Annotated[float, typer.Option(help="Seconds to follow before giving up.")] = 300.0,
+) -> None:
+    """Enqueue a run of GRAPH, then follow it step by step (workers must be running)."""
+    from pal.cli.progress import console, describe
+    from pal.cli.progress import follow as follow_run
+
+    if not graph.is_file():
+        common.fail(f"graph file {graph} does not exist", EXIT_BAD_INPUT)
+    run_input = common.read_json(input, "--input")
+    client = common.client()
+    try:
+        document = load_graph_text(graph.read_text(),
+                                   max_bytes=client.settings.max_graph_bytes)
+        new_id = client.start_run(document, run_input, run_id=run_id)
+    except PalError as exc:
+        common.fail(str(exc), common.exit_code(exc))
+    out = console()
+    out.print(f"run {new_id} queued")
+    if not follow:
+        return
+    final = follow_run(lambda seq: client.events(new_id, seq), lambda: client.get_run(new_id),
+                       lambda e: out.print("  " + describe(e)), timeout=timeout)
+    if final is None:
+        common.fail(f"run {new_id} not finished after {timeout:g}s (is a worker running?)",
+              EXIT_TIMEOUT)
+    out.print(f"run {new_id} {final.status}")
+    if final.status != "succeeded":
+        raise typer.Exit(EXIT_RUN_FAILED)
+
+
+@runs_app.command("list")
+def runs_list(
+    status: Annotated[str | None, typer.Option(help="Only runs with this status.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 20,
+    offset: Annotated[int, typer.Option(min=0)] = 0,
+    as_json: common.AsJson = False,
+) -> None:
+    """List runs, newest first."""
+    from pal.cli.progress import console, runs_table
+    from pal.core.vocabulary import IN_FLIGHT_STATUSES, TERMINAL_STATUSES
+
+    valid = (*IN_FLIGHT_STATUSES, "waiting", *TERMINAL_STATUSES)
+    if status is not None and status not in valid:
+        common.fail(f"unknown status {status!r} (one of: {', '.join(valid)})", EXIT_BAD_INPUT)
+    records = common.checked(lambda: common.client().list_runs(status=status, limit=limit, offset=offset))
+    if as_json:
+        common.print_json([r.as_dict() for r in records])
+    else:
+        console().print(runs_table(records))
+
+
+@runs_app.command("show")
+def runs_show(
+    run_id: str,
+    as_json: common.AsJson = False,
+) -> None:
+    """Show one run."""
+    record = common.checked(lambda: common.client().get_run(run_id))
+    data = record.as_dict()
+    if as_json:
+        common.print_json(data)
+        return
+    for key, value in data.items():
+        typer.echo(f"{key:>15}: {json.dumps(value, default=str)}")
+
+
+@runs_app.command("events")
+def runs_events(
+    run_id: str,
+    as_json: common.AsJson = False,
+) -> None:
+    """Print a run's journal."""
+    from pal.cli.progress import console, journal_table
+
+    events = common.checked(lambda: common.client().events(run_id))
+    if as_json:
+        common.print_json([e.as_dict() for e in events])
+    else:
+        console().print(journal_table(events, f"journal of {run_id}"))
+
+
+@runs_app.command("resume")
+def runs_resume(run_id: str) -> None:
+    """Re-drive a run whose lease has lapsed now, instead of waiting for the sweep."""
+    from pal.engine.recovery import ResumeRefused, resume
+
+    client = common.client()
+    try:
+        recovery = resume(client.runtime, run_id)
+    except ResumeRefused as exc:
+        common.fail(str(exc), EXIT_REFUSED)
+    except PalError as exc:
+        common.fail(str(exc), common.exit_code(exc))
+    steps = ", ".join(recovery.resumed_steps) or "none (nothing left to run)"
+    typer.echo(f"run {run_id} re-driven at generation {recovery.generation}; resumed steps: {steps}")
+
+
+def _decide(run_id: str, step_id: str, decision: str, comment: str | None, by: str | None,
+            expected_hash: str | None) -> None:
+
+    client = common.client()
+    try:
+        outcome = client.decide(run_id, step_id, decision, comment=comment, by=by,
+                                expected_hash=expected_hash)
+    except Refused as exc:
+        common.fail(str(exc), EXIT_REFUSED)
+    except PalError as exc:
+        common.fail(str(exc), common.exit_code(exc))
+    after = "the run finished" if outcome.finished else (
+        f"dispatched: {', '.join(outcome.dispatch)}" if outcome.dispatch else "the run waits for more")
+    typer.echo(f"run {run_id} step {step_id}: {decision}; {after}")
+
+
+@runs_app.command("approve")
+def runs_approve(run_id: str, step_id: str,
+                 comment: Annotated[str | None, _COMMENT] = None,
+                 by: Annotated[str | None, _BY] = None,
+                 expected_hash: Annotated[str | None, _HASH] = None) -> None:
+    """Approve a waiting approval step; the run continues on its `approved` branch."""
+    _decide(run_id, step_id, "approved", comment, by, expected_hash)
+
+
+@runs_app.command("reject")
+def runs_reject(run_id: str, step_id: str,
+                comment: Annotated[str | None, _COMMENT] = None,
+                by: Annotated[str | None, _BY] = None,
+                expected_hash: Annotated[str | None, _HASH] = None) -> None:
+    """Reject a waiting approval step: the `rejected` branch, or the run fails without one."""
+    _decide(run_id, step_id, "rejected", comment, by, expected_hash)
+
+
+@runs_app.command("approvals")
+def runs_approvals(
+    run_id: str,
+    as_json: common.AsJson = False,
+) -> None:
+    """List the run's pending approvals, including those of its child runs (nested)."""
+    pending = common.checked(lambda: common.client().pending_approvals(run_id))
+    if as_json:
+        common.print_json([p.as_dict() for p in pending])
+        return
+    if not pending:
+        typer.echo(f"no pending approvals under run {run_id}")
+    for p in pending:
+        where = "" if p.depth == 0 else f"  (child run, depth {p.depth})"
+        expires = f"  expires {p.expires_at}" if p.expires_at else ""
+        typer.echo(f"{p.run_id} {p.step_id}: {json.dumps(p.prompt)}  hash {p.approval_hash}"
+                   f"{expires}{where}")
+
+
+@runs_app.command("cancel")
+def runs_cancel(run_id: str,
+                reason: Annotated[str | None, typer.Option(help="Journaled with the cancellation.")] = None,
+                by: Annotated[str | None, _BY] = None) -> None:
+    """Cancel a run and its unfinished child runs at the next step boundary."""
+
+    client = common.client()
+    try:
+        cancelled = client.cancel(run_id, reason=reason, by=by)
+    except Refused as exc:
+        common.fail(str(exc), EXIT_REFUSED)
+    except PalError as exc:
+        common.fail(str(exc), common.exit_code(exc))
+    children = len(cancelled) - 1
+    typer.echo(f"run {run_id} cancelled" + (f", with {children} child run(s)" if children > 0 else ""))
+
+
+@runs_app.command("stuck")
+def runs_stuck(
+    as_json: common.AsJson = False,
+) -> None:
+    """List queued or running runs whose lease is missing or expired, and for how long."""
+    from pal.core.clock import utcnow
+
+    now = utcnow()
+    stuck = common.checked(lambda: common.client().runtime.journal.stuck_runs(now=now))
+    rows = [
+        {"id": run.id, "status": run.status,
+         "lease_expired_for_s": round((now - lease.expires_at).total_seconds(), 1) if lease else None,
+         "last_holder": lease.worker_id if lease else None}
+        for run, lease in stuck
+    ]
+    if as_json:
+        common.print_json(rows)
+        return
+    if not rows:
+        typer.echo("no stuck runs")
+    for row in rows:
+        expired = (f"lease expired {row['lease_expired_for_s']}s ago (last holder {row['last_holder']})"
+                   if row["last_holder"] else "no lease")
+        typer.echo(f"{row['id']}  {row['status']}  {expired}")

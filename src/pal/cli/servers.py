@@ -1,0 +1,73 @@
+"""The long-running processes: `pal worker`, `pal beat`, `pal api` and `pal flower`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from pal.cli import common
+from pal.cli.common import EXIT_BAD_INPUT
+
+WORKER_QUIET_FLAGS = ("--without-mingle", "--without-gossip")
+
+
+def worker(
+    concurrency: Annotated[int | None, typer.Option(help="Worker processes.")] = None,
+    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "info",
+    pool: Annotated[str, typer.Option(help="Celery pool: prefork, threads, solo.")] = "prefork",
+) -> None:
+    """Run a Celery worker that executes graph nodes (same as `celery -A pal.workers worker`)."""
+    from pal.workers import app as celery_app
+
+    argv = ["worker", f"--loglevel={loglevel}", f"--pool={pool}",
+            f"--queues={celery_app.runtime.settings.queue}", *WORKER_QUIET_FLAGS]
+    if concurrency:
+        argv.append(f"--concurrency={concurrency}")
+    if celery_app.runtime.settings.is_embedded_broker:
+        argv.append("--without-heartbeat")  # no broadcast on the filesystem broker: nobody listens
+    celery_app.worker_main(argv)
+
+
+def beat(loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "info") -> None:
+    """Run celery beat, which sends the orphan sweep every PAL_RECOVERY_INTERVAL."""
+    from pal.workers import app as celery_app
+
+    celery_app.runtime.settings.home.mkdir(parents=True, exist_ok=True)  # its schedule file lives there
+    celery_app.start(["beat", f"--loglevel={loglevel}"])
+
+
+def api(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
+) -> None:
+    """Serve the control plane: REST and SSE under /v1 (OpenAPI at /docs and /openapi.json)."""
+    import uvicorn
+
+    from pal.api import create_api
+
+    uvicorn.run(create_api(common.settings()), host=host, port=port, log_level="info")
+
+
+def flower(
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port of Flower's web UI and API.")] = 5555,
+    address: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+) -> None:
+    """Run Flower on PAL's broker (same as `celery -A pal.workers flower`), with basic auth from
+    PAL_FLOWER_BASIC_AUTH (user:password[,user:password...]); it refuses to start without it."""
+    import os
+
+    from pal.workers import app as celery_app
+
+    auth = os.environ.get("PAL_FLOWER_BASIC_AUTH", "").strip()
+    if not auth or any(":" not in pair for pair in auth.split(",")):
+        common.fail("set PAL_FLOWER_BASIC_AUTH=user:password (Flower shows task arguments; it must "
+                    "not run open)", EXIT_BAD_INPUT)
+    if celery_app.runtime.settings.is_embedded_broker:
+        common.fail("Flower needs a broker with events, e.g. PAL_BROKER_URL=redis://127.0.0.1:6379/0",
+              EXIT_BAD_INPUT)
+    from pal.api.flower import start_flower
+
+    # Not celery_app.start(["flower", ...]) alone: stock Flower leaves /metrics and /healthcheck
+    # open behind --basic-auth; start_flower guards every route (docs/api.md, "Flower").
+    start_flower(celery_app, auth, [f"--port={port}", f"--address={address}"])

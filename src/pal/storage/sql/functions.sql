@@ -1,0 +1,192 @@
+-- The live definition of PAL's server-side functions on Postgres, in one file.
+--
+-- pal_claim_fence, pal_complete_fence, pal_start_step: the step protocol's fenced reads and its
+-- start (migration 0005); pal_claim_step, pal_complete_step: a step's usual claim and completion
+-- as one autocommit statement each (migration 0006); pal_read_log: the step log a one-call claim
+-- reads, writing nothing, before it decides a step is ready (migration 0009); pal_journal_notify:
+-- NOTIFY for the SSE stream (migration 0003). docs/architecture.md, "The step protocol", says what each decides and why.
+--
+-- Migrations load this file (pal.storage.sql.load): change a function here, then add a migration
+-- that loads the file again and records its new sha256 (tests/integration/test_migrations.py
+-- checks that the newest loader's hash is this file's). Each statement ends with a line holding
+-- only "-- end", which is where the loader splits the file.
+
+CREATE OR REPLACE FUNCTION pal_claim_fence(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint)
+ RETURNS TABLE(seq bigint, step_id text, kind text, payload jsonb)
+ LANGUAGE plpgsql
+AS $function$
+        #variable_conflict use_column
+        BEGIN
+
+    UPDATE run_locks SET expires_at = p_expires, worker_id = p_worker, redeliver_at = NULL
+     WHERE run_locks.run_id = p_run AND run_locks.generation = p_generation;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT -1::bigint, NULL::text, 'fenced_out'::text, NULL::jsonb;
+        RETURN;
+    END IF;
+
+            -- The claim's commit need not wait for its WAL flush (docs/guarantees.md, "Durable
+            -- commits"): a later durable commit flushes it, and losing it is a crash before the claim.
+            PERFORM set_config('synchronous_commit', 'off', true);
+
+    RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
+     WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting')
+     ORDER BY e.seq;
+
+        END $function$;
+-- end
+
+CREATE OR REPLACE FUNCTION pal_complete_fence(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone)
+ RETURNS TABLE(seq bigint, step_id text, kind text, payload jsonb)
+ LANGUAGE plpgsql
+AS $function$
+        #variable_conflict use_column
+        DECLARE
+            v_seq bigint;
+        BEGIN
+
+    UPDATE run_locks SET expires_at = p_expires, worker_id = p_worker, redeliver_at = NULL
+     WHERE run_locks.run_id = p_run AND run_locks.generation = p_generation;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT -1::bigint, NULL::text, 'fenced_out'::text, NULL::jsonb;
+        RETURN;
+    END IF;
+
+            INSERT INTO journal_events (run_id, step_id, attempt, kind, payload, generation, created_at)
+            VALUES (p_run, p_step, p_attempt, 'step_completed', p_payload, p_generation, p_at)
+            ON CONFLICT DO NOTHING
+            RETURNING journal_events.seq INTO v_seq;
+            IF v_seq IS NULL THEN
+                RETURN QUERY SELECT -2::bigint, NULL::text, 'already_completed'::text, NULL::jsonb;
+                RETURN;
+            END IF;
+
+    RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
+     WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting')
+     ORDER BY e.seq;
+
+        END $function$;
+-- end
+
+CREATE OR REPLACE FUNCTION pal_start_step(p_run text, p_step text, p_attempt integer, p_generation integer, p_payload jsonb, p_at timestamp with time zone)
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $function$
+        DECLARE
+            v_seq bigint;
+        BEGIN
+            INSERT INTO journal_events (run_id, step_id, attempt, kind, payload, generation, created_at)
+            VALUES (p_run, p_step, p_attempt, 'step_started', p_payload, p_generation, p_at)
+            ON CONFLICT DO NOTHING
+            RETURNING journal_events.seq INTO v_seq;
+            RETURN v_seq;
+        END $function$;
+-- end
+
+CREATE OR REPLACE FUNCTION pal_claim_step(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone, p_first boolean)
+ RETURNS TABLE(seq bigint, step_id text, kind text, payload jsonb)
+ LANGUAGE plpgsql
+AS $function$
+        #variable_conflict use_column
+        DECLARE
+            v_seq bigint;
+        BEGIN
+
+            UPDATE run_locks SET expires_at = p_expires, worker_id = p_worker, redeliver_at = NULL
+             WHERE run_locks.run_id = p_run AND run_locks.generation = p_generation;
+            IF NOT FOUND THEN
+                RETURN QUERY SELECT -1::bigint, NULL::text, 'fenced_out'::text, NULL::jsonb;
+                RETURN;
+            END IF;
+
+            PERFORM set_config('synchronous_commit', 'off', true);
+            RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
+             WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting')
+             ORDER BY e.seq;
+            IF EXISTS (SELECT 1 FROM journal_events e
+                        WHERE e.run_id = p_run AND e.seq > p_after AND e.step_id = p_step
+                          AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting')) THEN
+                RETURN;  -- the caller predicted from an older log: it decides again
+            END IF;
+
+            INSERT INTO journal_events (run_id, step_id, attempt, kind, payload, generation, created_at)
+            VALUES (p_run, p_step, p_attempt, 'step_started', p_payload, p_generation, p_at)
+            ON CONFLICT DO NOTHING
+            RETURNING journal_events.seq INTO v_seq;
+
+            IF v_seq IS NULL THEN
+                RETURN QUERY SELECT -4::bigint, NULL::text, 'duplicate'::text, NULL::jsonb;
+                RETURN;
+            END IF;
+            IF p_first THEN
+                UPDATE runs SET status = 'running', started_at = p_at
+                 WHERE runs.id = p_run AND runs.status = 'queued';
+            END IF;
+            RETURN QUERY SELECT -3::bigint, NULL::text, 'started'::text, NULL::jsonb;
+        END $function$;
+-- end
+
+CREATE OR REPLACE FUNCTION pal_complete_step(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone)
+ RETURNS TABLE(seq bigint, step_id text, kind text, payload jsonb)
+ LANGUAGE plpgsql
+AS $function$
+        #variable_conflict use_column
+        DECLARE
+            v_seq bigint;
+        BEGIN
+
+            UPDATE run_locks SET expires_at = p_expires, worker_id = p_worker, redeliver_at = NULL
+             WHERE run_locks.run_id = p_run AND run_locks.generation = p_generation;
+            IF NOT FOUND THEN
+                RETURN QUERY SELECT -1::bigint, NULL::text, 'fenced_out'::text, NULL::jsonb;
+                RETURN;
+            END IF;
+
+            IF EXISTS (SELECT 1 FROM journal_events e
+                        WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting')) THEN
+                RETURN;  -- the caller predicted its hand-off from an older log: it decides again
+            END IF;
+
+            INSERT INTO journal_events (run_id, step_id, attempt, kind, payload, generation, created_at)
+            VALUES (p_run, p_step, p_attempt, 'step_completed', p_payload, p_generation, p_at)
+            ON CONFLICT DO NOTHING
+            RETURNING journal_events.seq INTO v_seq;
+
+            IF v_seq IS NULL THEN
+                RETURN QUERY SELECT -2::bigint, NULL::text, 'already_completed'::text, NULL::jsonb;
+                RETURN;
+            END IF;
+            RETURN QUERY SELECT v_seq, p_step, 'step_completed'::text, p_payload;
+        END $function$;
+-- end
+
+CREATE OR REPLACE FUNCTION pal_read_log(p_run text, p_generation integer, p_after bigint)
+ RETURNS TABLE(seq bigint, step_id text, kind text, payload jsonb)
+ LANGUAGE plpgsql
+AS $function$
+        #variable_conflict use_column
+        BEGIN
+            -- Read only: a claim that turns out not to be ready must leave the lease as it was
+            -- (its holder, its expiry, a recovery's redelivery time). The claim that follows
+            -- fences again, so only a generation that no longer holds the lease is told here.
+            IF NOT EXISTS (SELECT 1 FROM run_locks
+                            WHERE run_locks.run_id = p_run AND run_locks.generation = p_generation) THEN
+                RETURN QUERY SELECT -1::bigint, NULL::text, 'fenced_out'::text, NULL::jsonb;
+                RETURN;
+            END IF;
+            RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
+             WHERE e.run_id = p_run AND e.seq > p_after
+               AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting')
+             ORDER BY e.seq;
+        END $function$;
+-- end
+
+CREATE OR REPLACE FUNCTION pal_journal_notify()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+        BEGIN
+            PERFORM pg_notify('pal_journal', NEW.run_id);
+            RETURN NULL;
+        END $function$;
+-- end
