@@ -37,10 +37,16 @@ class Client:
         self.runtime = self.app.runtime
 
     def start_run(self, graph: Any, input: Any = None, *, run_id: str | None = None,
-                  tenant_id: str | None = None) -> str:
-        """Validate and enqueue; the same `run_id` twice returns the existing run."""
-        record, _ = start_run(self.runtime, graph, input, run_id=run_id, tenant_id=tenant_id)
+                  tenant_id: str | None = None, limits: dict[str, Any] | None = None) -> str:
+        """Validate and enqueue; the same `run_id` twice returns the existing run. `limits` is the
+        run's own budget over the graph's (docs/anomalies.md)."""
+        record, _ = start_run(self.runtime, graph, input, run_id=run_id, tenant_id=tenant_id, limits=limits)
         return record.id
+
+    def anomalies(self, run_id: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Anomalies journaled, newest first: of one run, or of every run of this client's tenant."""
+        tenant = None if run_id is not None else self.settings.tenant
+        return self.runtime.journal.anomalies(run_id=run_id, tenant_id=tenant, limit=limit)
 
     def get_run(self, run_id: str) -> RunRecord:
         return self.runtime.journal.get_run(run_id)

@@ -35,6 +35,7 @@ PAL_EGRESS_ALLOW         non-public targets connector nodes may reach, comma-sep
                          (default none: only public addresses; see pal.core.egress)
 PAL_SECRETS_FILE         JSON object of graph secrets, {"NAME": "value"}, read by the worker
                          whenever a template renders {{ secrets.NAME }} (default none; pal.core.secrets)
+PAL_ANOMALY_<THRESHOLD>  an anomaly rule's threshold, e.g. PAL_ANOMALY_MAX_RETRIES=20 (docs/anomalies.md)
 PAL_SECRET_<NAME>        the value of graph secret NAME, winning over the file; NAME matches
                          [A-Z][A-Z0-9_]*, a value has at least 8 characters (pal.core.secrets)
 
@@ -48,9 +49,11 @@ import logging
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
+from pal.core.anomalies import AnomalyLimits
 from pal.core.durations import parse_go_duration
 from pal.core.egress import parse_allow_list
 from pal.errors import ConfigError
@@ -116,6 +119,7 @@ class Settings:
     max_runs_in_flight: int = DEFAULT_MAX_RUNS_IN_FLIGHT
     step_timeout: float = DEFAULT_STEP_TIMEOUT_SECONDS
     secrets_file: str = ""  # PAL_SECRETS_FILE; pal.core.secrets reads the variable itself, at render time
+    anomaly_limits: AnomalyLimits = field(default_factory=AnomalyLimits)  # PAL_ANOMALY_*
 
     @property
     def is_embedded_broker(self) -> bool:
@@ -148,6 +152,28 @@ def _is_plain_number(raw: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _anomaly_limits(env: Mapping[str, str]) -> AnomalyLimits:
+    """PAL_ANOMALY_<FIELD> for each threshold of pal.core.anomalies.AnomalyLimits, e.g.
+    PAL_ANOMALY_MAX_RETRIES=20; a bad value is a ConfigError naming the variable."""
+    changes: dict[str, Any] = {}
+    for item in fields(AnomalyLimits):
+        name = f"PAL_ANOMALY_{item.name.upper()}"
+        if env.get(name, "").strip():
+            changes[item.name] = _int(env, name, 1) if item.type == "int" else _positive_number(env, name)
+    return replace(AnomalyLimits(), **changes)
+
+
+def _positive_number(env: Mapping[str, str], name: str) -> float:
+    raw = env.get(name, "").strip()
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not a number") from exc
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name}={raw!r} must be positive and finite")
+    return value
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -226,6 +252,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_runs_in_flight=_int(env, "PAL_MAX_RUNS_IN_FLIGHT", DEFAULT_MAX_RUNS_IN_FLIGHT),
         step_timeout=_positive_float(env, "PAL_STEP_TIMEOUT", DEFAULT_STEP_TIMEOUT_SECONDS),
         secrets_file=env.get("PAL_SECRETS_FILE", "").strip(),
+        anomaly_limits=_anomaly_limits(env),
     )
 
 

@@ -39,7 +39,7 @@ def test_every_route_needs_a_live_token_of_the_right_tenant(api: Api, tmp_path: 
     assert run.status_code == 201
     routes = [("GET", "/v1/runs"), ("GET", "/v1/runs/acme-1"), ("GET", "/v1/runs/acme-1/events"),
               ("GET", "/v1/runs/acme-1/journal"), ("GET", "/v1/runs/acme-1/approvals"), ("GET", "/v1/approvals"),
-              ("GET", "/v1/runs/acme-1/waterfall"),
+              ("GET", "/v1/runs/acme-1/waterfall"), ("GET", "/v1/runs/acme-1/anomalies"), ("GET", "/v1/anomalies"),
               ("POST", "/v1/runs/acme-1/cancel"), ("POST", "/v1/runs/acme-1/resume"),
               ("POST", "/v1/runs/acme-1/steps/s0/approve"), ("POST", "/v1/runs/acme-1/steps/s0/reject"),
               ("POST", "/v1/runs")]
@@ -54,6 +54,7 @@ def test_every_route_needs_a_live_token_of_the_right_tenant(api: Api, tmp_path: 
         assert reply.json() == {"detail": "no run 'acme-1'"}
     assert api.call("GET", "/v1/runs", api.other).json()["runs"] == []
     assert api.call("GET", "/v1/approvals", api.other).json()["approvals"] == []
+    assert api.call("GET", "/v1/anomalies", api.other).json()["anomalies"] == []
     taken = api.call("POST", "/v1/runs", api.other, json={"graph": linear(tmp_path / "c", 1), "run_id": "acme-1"})
     assert taken.status_code == 409
 
@@ -138,7 +139,8 @@ def test_the_openapi_schema_lists_every_route(api: Api) -> None:
         "/v1/runs", "/v1/runs/{run_id}", "/v1/runs/{run_id}/journal", "/v1/runs/{run_id}/cancel",
         "/v1/runs/{run_id}/resume", "/v1/runs/{run_id}/steps/{step_id}/approve",
         "/v1/runs/{run_id}/steps/{step_id}/reject", "/v1/runs/{run_id}/approvals", "/v1/approvals",
-        "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/waterfall"}
+        "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/waterfall", "/v1/runs/{run_id}/anomalies",
+        "/v1/anomalies"}
 
 
 def test_pal_tokens_create_list_revoke(processes: Processes, postgres_backend: Backend) -> None:
@@ -190,3 +192,23 @@ def test_hostile_bodies_and_parameters_are_refused_and_write_nothing(api: Api, t
         assert "Traceback" not in reply.text
         assert reply.headers["content-type"].startswith("application/json"), (path, reply.text[:200])
     assert api.get("/v1/runs").json()["runs"] == []  # nothing was written
+
+
+def test_a_runs_budget_and_anomalies_over_rest(api: Api, tmp_path: Path) -> None:
+    """A run started with its own limits stops at them; its anomalies are listed for its tenant
+    only (docs/anomalies.md)."""
+    graph = linear(tmp_path / "c", 5) | {"limits": {"maxSteps": 2}}
+    warned = api.post("/v1/runs", json={"graph": graph, "input": {}, "run_id": "acme-warn"})
+    stopped = api.post("/v1/runs", json={"graph": graph, "input": {}, "run_id": "acme-stop",
+                                         "limits": {"onBreach": "fail"}})
+    assert (warned.status_code, stopped.status_code) == (201, 201)
+    assert stopped.json()["limits"] == {"onBreach": "fail"}
+    refused = api.post("/v1/runs", json={"graph": graph, "limits": {"maxTokens": -5}})
+    assert refused.status_code == 422 and "limits.maxTokens" in refused.json()["detail"]
+    assert wait_until(lambda: api.get("/v1/runs/acme-stop").json()["status"] == "failed", timeout=60)
+    assert wait_until(lambda: api.get("/v1/runs/acme-warn").json()["status"] == "succeeded", timeout=60)
+    assert api.get("/v1/runs/acme-stop").json()["error"]["code"] == "budget_exceeded"
+    listed = api.get("/v1/runs/acme-warn/anomalies").json()["anomalies"]
+    assert [a["kind"] for a in listed] == ["excessive_steps"] and listed[0]["run_id"] == "acme-warn"
+    assert [a["run_id"] for a in api.get("/v1/anomalies").json()["anomalies"]] == ["acme-warn"]
+    assert api.call("GET", "/v1/anomalies", api.other).json()["anomalies"] == []

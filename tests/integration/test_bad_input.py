@@ -176,6 +176,10 @@ def pal(args: list[str], backend: Backend, cwd: Path) -> subprocess.CompletedPro
         (["tokens", "create", "--tenant", "bad!tenant"], 2, "tenant 'bad!tenant' is invalid"),
         (["tokens", "revoke", "tok_nope"], 3, "no live token 'tok_nope'"),
         (["doctor", "--json", "extra"], 2, "unexpected extra argument"),
+        (["run", "GRAPH", "--limits", "{not json"], 2, "--limits is not JSON"),
+        (["run", "GRAPH", "--limits", '{"maxTokens": -1}'], 2, "limits.maxTokens must be between 0"),
+        (["run", "GRAPH", "--limits", '{"onBreach": "panic"}'], 2, "limits.onBreach must be one of"),
+        (["anomalies", "--limit", "0"], 2, "Invalid value"),
     ],
 )
 def test_cli_refuses_bad_input_with_a_clear_message(

@@ -55,7 +55,11 @@ def test_doc_example_runs(docs_client: tuple[Client, WebhookReceiver, SmtpReceiv
         assert wait_until(lambda: bool(client.pending_approvals(run_id)), 60)
         client.approve(run_id, attrs["approve"], comment="from the docs test")
     run = client.wait(run_id, timeout=60)
-    assert run.status == "succeeded", run.error
+    assert run.status == attrs.get("status", "succeeded"), run.error
+    if "code" in attrs:
+        assert run.error["code"] == attrs["code"]
+    if "anomaly" in attrs:
+        assert [e.payload["kind"] for e in client.events(run_id) if e.kind == "anomaly_detected"] == [attrs["anomaly"]]
     if "expect" in attrs:
         assert run.output == json.loads(attrs["expect"])
     if '"connector"' in text:

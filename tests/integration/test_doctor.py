@@ -55,6 +55,11 @@ PLANTS: dict[str, Callable[[sa.Connection, str], None]] = {
         status="delivered", response=None, created_at=utcnow(), updated_at=utcnow())),
     "totals_disagree_with_steps": lambda c, r: c.execute(
         runs.update().where(runs.c.id == r).values(output_tokens=99)),
+    "anomaly_twice": lambda c, r: [c.execute(event(r, "anomaly_detected", "s0", None, {"kind": "runaway_loop"}))
+                                   for _ in range(2)],
+    "started_after_budget_stop": lambda c, r: [
+        c.execute(event(r, "step_failed", "s1", 1, {"error": {"code": "budget_exceeded"}})),
+        c.execute(event(r, "step_started", "s9", 1, {"attempt": 1}))],
 }
 
 

@@ -9,26 +9,14 @@ from typing import Any
 import pytest
 
 from pal.client import Client
-from pal.engine.steps import execute_step
 from pal.errors import QuotaExceeded
 from tests.support.graphs import edge, linear, loop, parent_of, single
-
-Outbox = list[tuple[str, str, int]]
+from tests.support.outbox import Outbox, capture_publishes, drain
 
 
 def limited(client: Client, **limits: Any) -> Outbox:
     client.runtime.settings = client.runtime.settings.with_(**limits)
-    sent: Outbox = []
-    client.runtime.publish = lambda r, s, g, countdown=0.0: sent.append((r, s, g))
-    return sent
-
-
-def drain(client: Client, sent: Outbox, most: int = 5_000) -> None:
-    for _ in range(most):  # bounded: a runaway here is a failure, not a hang
-        if not sent:
-            return
-        execute_step(client.runtime, *sent.pop(0))
-    raise AssertionError("the run did not stop")
+    return capture_publishes(client)
 
 
 def error_of(client: Client, run_id: str) -> dict[str, Any]:

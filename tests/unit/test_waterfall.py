@@ -73,3 +73,16 @@ def test_a_subagent_row_links_its_child() -> None:
                      (3.2, "step_completed", "sub", {"output": 1}, 1))
     [row] = waterfall(run(), events, at(10))["rows"]
     assert row["waiting_for"] == "child" and row["child_run_id"] == "child_x" and row["wait_s"] == 3.0
+
+
+def test_an_anomaly_marks_its_step_and_is_listed_under_the_waterfall() -> None:
+    events = journal((0.0, "run_queued", None, {}, None), (0.1, "step_started", "each[items]", {}, 1),
+                     (0.2, "step_completed", "each[items]", {"output": {"items": [1, 2]}}, 1),
+                     (0.3, "anomaly_detected", "each", {"kind": "runaway_loop", "message": "near the cap"}, None),
+                     (0.4, "step_started", "each[0].work", {}, 1),
+                     (0.5, "anomaly_detected", None, {"kind": "retry_storm", "message": "a storm"}, None))
+    drawn = waterfall(run(), events, at(1))
+    items, work = drawn["rows"]
+    assert items["anomalies"] == ["runaway_loop"] and work["anomalies"] == []  # on the loop's first step
+    assert [(m["anomaly"], m["step_id"], m["message"]) for m in drawn["markers"]] == [
+        ("runaway_loop", "each", "near the cap"), ("retry_storm", None, "a storm")]

@@ -28,6 +28,8 @@ class StartRun(Body):
     graph: dict[str, Any] = Field(description="A graph document, or a plain-LLM spec ({\"kind\": \"llm\"})")
     input: Any = None
     run_id: str | None = Field(None, description="Your own id: the same id twice returns the existing run")
+    limits: dict[str, Any] | None = Field(None, description="The run's own budget over the graph's "
+                                          "(maxCostUsd, maxTokens, maxSteps, maxRetries, onBreach)")
 
 
 class Decision(Body):

@@ -28,7 +28,7 @@ router = APIRouter()
 @router.post("/v1/runs", status_code=201)
 def start(body: StartRun, caller: Auth, rt: Rt) -> JSONResponse:
     """Start a run; with `run_id`, idempotent: the same id returns the existing run (200)."""
-    record, created = start_run(rt, body.graph, body.input, run_id=body.run_id,
+    record, created = start_run(rt, body.graph, body.input, run_id=body.run_id, limits=body.limits,
                                 tenant_id=caller.tenant_id)
     return JSONResponse(record.as_dict(), status_code=201 if created else 200)
 
@@ -78,3 +78,17 @@ def waterfall(run_id: str, caller: Auth, rt: Rt) -> dict[str, Any]:
     """The run waterfall: one row per step on a shared time axis (what the dashboard draws)."""
     run = own_run(rt, run_id, caller)
     return build_waterfall(run, rt.journal.events(run_id), utcnow())
+
+
+@router.get("/v1/runs/{run_id}/anomalies")
+def run_anomalies(run_id: str, caller: Auth, rt: Rt,
+                  limit: Annotated[int, Query(ge=1, le=500)] = 100) -> dict[str, Any]:
+    """The anomalies journaled for the run (docs/anomalies.md), newest first."""
+    own_run(rt, run_id, caller)
+    return {"anomalies": rt.journal.anomalies(run_id=run_id, limit=limit)}
+
+
+@router.get("/v1/anomalies")
+def anomalies(caller: Auth, rt: Rt, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> dict[str, Any]:
+    """The anomalies of every run of the caller's tenant, newest first."""
+    return {"anomalies": rt.journal.anomalies(tenant_id=caller.tenant_id, limit=limit)}

@@ -40,6 +40,7 @@ class StepRow:
     pending_approval: bool = False
     approval_hash: str | None = None
     error: Any = None
+    anomalies: list[str] = field(default_factory=list)  # kinds of the anomalies journaled on it
 
 
 def _at(created: datetime, when: datetime) -> float:
@@ -59,7 +60,7 @@ def waterfall(run: RunRecord, events: Sequence[Event], now: datetime) -> dict[st
             markers.append({"kind": "recovery", "at": t, "generation": event.payload.get("generation"),
                             "resumed_steps": event.payload.get("resumed_steps", [])})
         if event.kind in ANOMALIES:
-            markers.append({"kind": event.kind, "at": t, "step_id": step})
+            markers.append({"kind": event.kind, "at": t, "step_id": step} | _anomaly(event))
         if step is not None:
             row = rows.get(step)
             if event.kind == "step_started":
@@ -82,7 +83,28 @@ def waterfall(run: RunRecord, events: Sequence[Event], now: datetime) -> dict[st
             else:
                 row.run_s = span
     ordered = sorted(rows.values(), key=lambda r: (r.started_at or 0.0, r.step_id))
+    _mark_rows(ordered, markers)
     return {"run": run.as_dict(), "duration_s": end, "rows": [asdict(r) for r in ordered], "markers": markers}
+
+
+def _anomaly(event: Event) -> dict[str, Any]:
+    """What a marker shows of an anomaly_detected: its kind and message (docs/anomalies.md)."""
+    if event.kind != "anomaly_detected":
+        return {}
+    return {"anomaly": str(event.payload.get("kind", "")), "message": str(event.payload.get("message", ""))}
+
+
+def _mark_rows(rows: Sequence[StepRow], markers: Sequence[dict[str, Any]]) -> None:
+    """Put each anomaly on its step's row: the step itself, or (a loop's) the first of its
+    expansion's steps; a run-level anomaly stays in the list under the waterfall only."""
+    for marker in markers:
+        step = marker.get("step_id")
+        if marker["kind"] != "anomaly_detected" or not step:
+            continue
+        row = next((r for r in rows if r.step_id == step), None) or next(
+            (r for r in rows if r.step_id.startswith(f"{step}[")), None)
+        if row is not None:
+            row.anomalies.append(marker["anomaly"])
 
 
 def _apply(row: StepRow, event: Event, t: float) -> None:

@@ -1,7 +1,7 @@
 """The `pal` command line: the root command and where each command lives.
 
     pal db upgrade|grant, pal doctor          pal.cli.db
-    pal run, pal runs ...                     pal.cli.runs
+    pal run, pal runs ..., pal anomalies      pal.cli.runs
     pal tokens ...                            pal.cli.tokens
     pal worker|beat|api|flower                pal.cli.servers
     pal demo                                  pal.cli.demo
@@ -27,6 +27,7 @@ app.add_typer(tokens.tokens_app, name="tokens")
 for command in (servers.worker, servers.beat, runs.run, servers.api, db.doctor, servers.flower,
                 demo.demo):
     app.command()(command)
+app.command("anomalies")(runs.runs_anomalies)  # `pal anomalies` = `pal runs anomalies`
 
 
 def main() -> None:

@@ -77,5 +77,17 @@ def read_json(text: str | None, what: str) -> Any:
         fail(f"{what} is not JSON: {exc}", EXIT_BAD_INPUT)
 
 
+def print_rows(rows: list[dict[str, Any]], as_json: bool, empty: str,
+               line: Callable[[dict[str, Any]], str]) -> None:
+    """A listing: the rows as JSON, or one line each, or `empty` when there is none."""
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        typer.echo(empty)
+    for row in rows:
+        typer.echo(line(row))
+
+
 def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, default=str))

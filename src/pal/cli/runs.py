@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -25,6 +25,8 @@ def run(
     run_id: Annotated[str | None, typer.Option(help="Your own run id (idempotent).")] = None,
     follow: Annotated[bool, typer.Option(help="Show steps live until the run ends.")] = True,
     timeout: Annotated[float, typer.Option(help="Seconds to follow before giving up.")] = 300.0,
+    limits: Annotated[str | None, typer.Option(help="The run's own budget, JSON, over the graph's "
+                                                    "(docs/anomalies.md).")] = None,
 ) -> None:
     """Enqueue a run of GRAPH, then follow it step by step (workers must be running)."""
     from pal.cli.progress import console, describe
@@ -33,11 +35,12 @@ def run(
     if not graph.is_file():
         common.fail(f"graph file {graph} does not exist", EXIT_BAD_INPUT)
     run_input = common.read_json(input, "--input")
+    run_limits = common.read_json(limits, "--limits")
     client = common.client()
     try:
         document = load_graph_text(graph.read_text(),
                                    max_bytes=client.settings.max_graph_bytes)
-        new_id = client.start_run(document, run_input, run_id=run_id)
+        new_id = client.start_run(document, run_input, run_id=run_id, limits=run_limits)
     except PalError as exc:
         common.fail(str(exc), common.exit_code(exc))
     out = console()
@@ -191,6 +194,18 @@ def runs_cancel(run_id: str,
     typer.echo(f"run {run_id} cancelled" + (f", with {children} child run(s)" if children > 0 else ""))
 
 
+@runs_app.command("anomalies")
+def runs_anomalies(
+    run_id: Annotated[str | None, typer.Argument(help="One run; all of the tenant's when left out.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    as_json: common.AsJson = False,
+) -> None:
+    """List anomalies journaled (runaway loops, step and retry storms, cost and token spikes)."""
+    found = common.checked(lambda: common.client().anomalies(run_id, limit=limit))
+    common.print_rows(found, as_json, "no anomalies",
+                      lambda a: f"{a['created_at']}  {a['run_id']}  {a['kind']:<16} {a['message']}")
+
+
 @runs_app.command("stuck")
 def runs_stuck(
     as_json: common.AsJson = False,
@@ -206,12 +221,10 @@ def runs_stuck(
          "last_holder": lease.worker_id if lease else None}
         for run, lease in stuck
     ]
-    if as_json:
-        common.print_json(rows)
-        return
-    if not rows:
-        typer.echo("no stuck runs")
-    for row in rows:
+
+    def line(row: dict[str, Any]) -> str:
         expired = (f"lease expired {row['lease_expired_for_s']}s ago (last holder {row['last_holder']})"
                    if row["last_holder"] else "no lease")
-        typer.echo(f"{row['id']}  {row['status']}  {expired}")
+        return f"{row['id']}  {row['status']}  {expired}"
+
+    common.print_rows(rows, as_json, "no stuck runs", line)

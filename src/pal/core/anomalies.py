@@ -63,7 +63,8 @@ class AnomalyLimits:
 
 GRAPH_KEYS = {"loopFraction": "loop_fraction", "sameToolCalls": "same_tool_calls", "maxSteps": "max_steps",
               "stepsOverMedian": "steps_over_median", "maxRetries": "max_retries", "spikeMads": "spike_mads",
-              "spikeRatio": "spike_ratio", "maxRunCostUsd": "max_run_cost_usd", "maxRunTokens": "max_run_tokens"}
+              "spikeRatio": "spike_ratio", "maxRunCostUsd": "max_run_cost_usd",
+              "maxRunTokens": "max_run_tokens"}
 
 
 def anomalies_problems(raw: Any, where: str = "anomalies") -> list[str]:
@@ -86,7 +87,8 @@ def with_overrides(limits: AnomalyLimits, block: Mapping[str, Any] | None) -> An
     if not block:
         return limits
     types = {f.name: f.type for f in fields(AnomalyLimits)}
-    changes = {GRAPH_KEYS[k]: (int(v) if types[GRAPH_KEYS[k]] == "int" else float(v)) for k, v in block.items()}
+    changes: dict[str, Any] = {GRAPH_KEYS[k]: (int(v) if types[GRAPH_KEYS[k]] == "int" else float(v))
+                               for k, v in block.items()}
     return replace(limits, **changes)
 
 
@@ -111,18 +113,20 @@ def run_anomalies(activity: RunActivity, limits: AnomalyLimits, step_id: str | N
     elif len(finished_step_counts) >= MIN_BASELINE_SAMPLES:
         usual = statistics.median(finished_step_counts)
         if activity.steps > limits.steps_over_median * usual:
-            found.append(Anomaly(AnomalyKind.EXCESSIVE_STEPS, activity.steps, limits.steps_over_median * usual,
-                                 "baseline", step_id, f"the run has completed {activity.steps} steps; runs "
-                                 f"of this graph usually finish in {usual:g}"))
+            found.append(Anomaly(AnomalyKind.EXCESSIVE_STEPS, activity.steps,
+                                 limits.steps_over_median * usual, "baseline", step_id,
+                                 f"the run has completed {activity.steps} steps; runs of this graph "
+                                 f"usually finish in {usual:g}"))
     if activity.retries > limits.max_retries:
         found.append(Anomaly(AnomalyKind.RETRY_STORM, activity.retries, limits.max_retries, "static", step_id,
                              f"the run has retried {activity.retries} times (limit {limits.max_retries})"))
-    max_cost = Decimal(str(limits.max_run_cost_usd))
-    if activity.cost_usd > max_cost:
+    if activity.cost_usd and float(activity.cost_usd) > limits.max_run_cost_usd:
+        max_cost = Decimal(str(limits.max_run_cost_usd))
         found.append(Anomaly(AnomalyKind.COST_SPIKE, activity.cost_usd, max_cost, "static", step_id,
                              f"the run has spent ${activity.cost_usd} (limit ${max_cost})"))
     if activity.tokens > limits.max_run_tokens:
-        found.append(Anomaly(AnomalyKind.TOKEN_SPIKE, activity.tokens, limits.max_run_tokens, "static", step_id,
+        found.append(Anomaly(AnomalyKind.TOKEN_SPIKE, activity.tokens, limits.max_run_tokens, "static",
+                             step_id,
                              f"the run has used {activity.tokens} tokens (limit {limits.max_run_tokens})"))
     return found
 

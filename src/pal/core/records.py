@@ -13,6 +13,7 @@ from decimal import Decimal
 from enum import Enum
 from typing import Any
 
+from pal.core.step_log import StepLog
 from pal.core.vocabulary import TERMINAL_STATUSES
 
 
@@ -39,6 +40,7 @@ class RunRecord:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    limits: Mapping[str, Any] | None = None  # the run's own budget, over its plan's (docs/anomalies.md)
 
     @property
     def terminal(self) -> bool:
@@ -52,7 +54,7 @@ class RunRecord:
             "parent_step_id": self.parent_step_id, "cost_usd": str(self.cost_usd),
             "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
             "created_at": iso(self.created_at), "started_at": iso(self.started_at),
-            "finished_at": iso(self.finished_at),
+            "finished_at": iso(self.finished_at), "limits": self.limits,
         }
 
 
@@ -139,6 +141,7 @@ class Claim:
     attempt: int = 0
     completed: Mapping[str, Any] | None = None
     wait_s: float = 0.0  # BACKOFF: seconds until the next attempt is due
+    log: StepLog | None = None  # RUN: the run's step log the claim decided on (what was spent)
 
 
 @dataclass(frozen=True)

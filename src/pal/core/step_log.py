@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from types import MappingProxyType
 from typing import Any
 
@@ -28,12 +29,16 @@ _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 @dataclass(frozen=True)
 class StepLog:
-    """One run's step events up to `seq`: completed outputs, retry payloads, parked steps."""
+    """One run's step events up to `seq`: completed outputs, retry payloads, parked steps, and
+    what the completed steps spent (the usage their `step_completed` recorded)."""
 
     seq: int = 0
     outputs: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     retries: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=lambda: _EMPTY)
     waited: frozenset[str] = frozenset()
+    tokens: int = 0
+    cost_usd: Decimal = Decimal(0)
+    retry_count: int = 0  # step_retrying events of the run
 
     def next_attempt(self, step_id: str) -> int:
         """The attempt a claim of the step starts: 1 plus its retries (a crash mid-attempt
@@ -50,12 +55,20 @@ class StepLog:
         """This log with later events (rows of seq, step_id, kind, payload, in seq order) added;
         the log itself is never changed, readers in other threads may hold it."""
         outputs, retries, waited, seq = dict(self.outputs), dict(self.retries), set(self.waited), self.seq
+        tokens, cost, retry_count = self.tokens, self.cost_usd, self.retry_count
         for row in rows:
             seq = max(seq, row.seq)
             if row.kind == EventKind.STEP_COMPLETED:
-                outputs[row.step_id] = (row.payload or {}).get("output")
+                payload = row.payload or {}
+                outputs[row.step_id] = payload.get("output")
+                usage = payload.get("usage")
+                if usage:  # only model steps record it
+                    tokens += int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+                    cost += Decimal(str(usage.get("cost_usd", "0")))
             elif row.kind == EventKind.STEP_RETRYING:
                 retries[row.step_id] = (*retries.get(row.step_id, ()), row.payload or {})
+                retry_count += 1
             elif row.kind == EventKind.STEP_WAITING:
                 waited.add(row.step_id)
-        return StepLog(seq, MappingProxyType(outputs), MappingProxyType(retries), frozenset(waited))
+        return StepLog(seq, MappingProxyType(outputs), MappingProxyType(retries), frozenset(waited),
+                       tokens, cost, retry_count)

@@ -37,6 +37,7 @@ class EventKind(StrEnum):
     STEP_WAITING = "step_waiting"  # parked at an approval or a subagent
     STEP_IN_DOUBT = "step_in_doubt"  # a claimed delivery was never confirmed
     APPROVAL_DECIDED = "approval_decided"
+    ANOMALY_DETECTED = "anomaly_detected"  # informational, at most once per (run, kind, step)
 
 
 TERMINAL_EVENT = {RunStatus.SUCCEEDED: EventKind.RUN_SUCCEEDED, RunStatus.FAILED: EventKind.RUN_FAILED,

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from pal.config import DEFAULT_MAX_JSON_DEPTH
+from pal.core.budgets import limits_problems
 from pal.core.clock import utcnow
 from pal.core.limits import depth_problem
 from pal.core.records import RunRecord
@@ -50,11 +51,13 @@ def start_run(
     *,
     run_id: str | None = None,
     tenant_id: str | None = None,
+    limits: Any = None,
 ) -> tuple[RunRecord, bool]:
     """Validate, create the run (idempotent on `run_id`) and publish its first step.
 
-    `graph` is a graph document, or a plain-LLM spec (`{"kind": "llm", ...}`). Returns the run and
-    whether this call created it. Nothing is written for invalid input.
+    `graph` is a graph document, or a plain-LLM spec (`{"kind": "llm", ...}`); `limits` is the
+    run's own budget over the graph's (docs/anomalies.md). Returns the run and whether this call
+    created it. Nothing is written for invalid input.
     """
     settings = rt.settings
     if run_id is not None and (not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id)):
@@ -63,12 +66,16 @@ def start_run(
     if run_id is not None and run_id.lower().startswith(CHILD_PREFIX):
         raise InputError(f"run ids starting with {CHILD_PREFIX!r} are reserved for subagents' child runs")
     run_input = check_run_input(run_input, settings.max_input_bytes, settings.max_json_depth)
+    problems = limits_problems(limits)
+    if problems:
+        raise InputError("; ".join(problems))
     plan = parse_plan(graph, known_tools=registered_tools(), max_bytes=settings.max_graph_bytes,
                       max_depth=settings.max_json_depth)
     record, created = rt.journal.create_run(
         run_id=run_id or new_run_id(), tenant_id=tenant_id or settings.tenant, kind=plan.kind,
         graph=plan.document, graph_hash=plan.hash, run_input=run_input, now=utcnow(),
         lease_ttl=settings.lease_ttl, max_in_flight=settings.max_runs_in_flight,
+        limits=dict(limits) if limits is not None else None,
     )
     if created:
         rt.publish(record.id, plan.program.first_step, 1)

@@ -7,14 +7,17 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from decimal import Decimal
 from functools import cached_property
-from typing import Protocol
+from typing import Any, Protocol
 
 from pal.config import Settings
 from pal.core import doorbell, faults
+from pal.core.anomalies import AnomalyLimits, with_overrides
+from pal.core.budgets import Budget, parse_budget
 from pal.core.clock import utcnow
 from pal.core.lru import Lru
 from pal.core.records import Fence, RunRecord
@@ -41,6 +44,14 @@ end (one broker round trip for a sweep's messages); an exception out of it may d
 _PLAN_CACHE_SIZE = 256
 
 
+@dataclass(frozen=True)
+class WatchPlan:
+    budget: Budget | None  # None: no limit set (a budget of only onBreach checks nothing)
+    limits: AnomalyLimits
+    has_loops: bool  # runaway_loop can fire on an iteration's step
+    is_llm: bool  # a plain-LLM run: the repeated-tool-call rule applies
+
+
 class Runtime:
     def __init__(self, settings: Settings, publish: Publish,
                  publish_batch: PublishBatch = contextlib.nullcontext) -> None:
@@ -49,6 +60,7 @@ class Runtime:
         self.publish_batch = publish_batch
         self._plans: Lru[str, Program] = Lru(_PLAN_CACHE_SIZE)
         self._uses_secrets: Lru[str, bool] = Lru(_PLAN_CACHE_SIZE)
+        self._watch_plans: Lru[str, WatchPlan] = Lru(_PLAN_CACHE_SIZE)
         self.leases = LeaseKeeper(self._renew_lease, settings.lease_ttl)
         load_tool_modules(settings.tool_modules)
 
@@ -102,7 +114,34 @@ class Runtime:
             self._plans.put(key, plan)
         return plan
 
+    def watch_plan(self, run: RunRecord) -> WatchPlan:
+        """What a claim of the run checks (docs/anomalies.md): its budget (its plan's `limits`
+        under the run's own), the anomaly thresholds (PAL_ANOMALY_* under the plan's `anomalies`),
+        and which plan-shaped rules apply; kept once per plan, a run with its own limits apart."""
+        if run.limits is not None:
+            return self._watch_plan_of(run)
+        key = f"{run.kind}:{run.graph_hash or run.id}"
+        found = self._watch_plans.get(key)
+        if found is None:
+            found = self._watch_plan_of(run)
+            self._watch_plans.put(key, found)
+        return found
+
+    def _watch_plan_of(self, run: RunRecord) -> WatchPlan:
+        budget = parse_budget(_block(run.graph, "limits"), run.limits)
+        limits = with_overrides(self.settings.anomaly_limits, _block(run.graph, "anomalies"))
+        nodes = run.graph.get("nodes") if isinstance(run.graph, Mapping) else None
+        loops = isinstance(nodes, list) and any(isinstance(n, Mapping) and n.get("type") == "loop"
+                                                for n in nodes)
+        return WatchPlan(None if budget.empty else budget, limits, loops, run.kind == "llm")
+
     @cached_property
     def prices(self) -> dict[str, tuple[Decimal, Decimal]]:
         """Model prices (PAL_PRICES over the built-in table), read once per process."""
         return load_prices(self.settings.prices)
+
+
+def _block(document: Any, name: str) -> Mapping[str, Any] | None:
+    """A top-level block of a stored plan document (validated when the run started)."""
+    block = document.get(name) if isinstance(document, Mapping) else None
+    return block if isinstance(block, Mapping) else None

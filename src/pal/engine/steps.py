@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from pal.config import Settings
 from pal.core import faults, retry
+from pal.core.budgets import Breach
 from pal.core.clock import utcnow
 from pal.core.failures import failure_payload
 from pal.core.limits import depth_problem
@@ -26,6 +27,7 @@ from pal.engine.heartbeat import LeaseGone, TimeLimitReached
 from pal.engine.runtime import Runtime
 from pal.engine.services import NodeServices
 from pal.engine.waiting import wake_quietly
+from pal.engine.watch import budget_failure, watch_claim
 from pal.errors import (
     LeaseLost,
     OutputTooLarge,
@@ -109,6 +111,9 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
         return StepResult(claim.outcome.value)
     faults.point("after_claim_commit", step_id, run_id)
     program = rt.program_of(claim.run)
+    over = watch_claim(rt, claim, step_id, generation, program)
+    if over is not None:  # the budget says stop: the step's node never runs
+        return _stopped_by_budget(rt, claim.run, step_id, claim.attempt, generation, over)
     receipts = JournalReceipts(rt, idempotency_key(run_id, step_id, claim.attempt), run_id, step_id,
                                claim.attempt, generation)
     policy, limit_s = retry.RetryPolicy(), settings.step_timeout
@@ -211,6 +216,17 @@ def _park(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: i
         _wake_parent(rt, run.parent_run_id)  # it may act on a paused child (onChildApproval: fail)
     log.info("run %s step %s waiting%s", run.id, step_id, "; run parked" if parked else "")
     return StepResult("waiting")
+
+
+def _stopped_by_budget(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: int,
+                       over: Breach) -> StepResult:
+    """End the run `run_failed {code: budget_exceeded}` through the usual exactly-once path."""
+    failed = rt.journal.fail_step(rt.fence(run.id, generation), step_id, attempt, budget_failure(over))
+    log.warning("run %s: stopped by its budget before step %s: %s", run.id, step_id,
+                over.as_payload()["message"])
+    if failed:
+        _wake_parent(rt, run.parent_run_id)
+    return StepResult("failed" if failed else "fenced", finished=failed)
 
 
 def _wake_parent(rt: Runtime, parent_run_id: str | None) -> None:

@@ -13,11 +13,13 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from pal.core import templates
+from pal.core.anomalies import anomalies_problems
+from pal.core.budgets import limits_problems
 from pal.errors import GraphError
 from pal.nodes import KINDS
 from pal.plan.documents import check_size, load_graph_text
@@ -28,7 +30,10 @@ EmbeddedCheck = Callable[[Mapping[str, Any], frozenset[str] | None], list[str]]
 """The problems of a plan a node embeds, given the known tools (empty when valid)."""
 
 NODE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}\Z")
-TOP_LEVEL_KEYS = frozenset({"nodes", "edges", "viewport", "name", "description", "metadata"})
+# `limits` (the run's budget) and `anomalies` (thresholds) are kept in the run's snapshot; the
+# others are the editor's and are dropped from it.
+WATCH_KEYS = ("limits", "anomalies")
+TOP_LEVEL_KEYS = frozenset({"nodes", "edges", "viewport", "name", "description", "metadata", *WATCH_KEYS})
 EDGE_KEYS = frozenset(
     {"id", "source", "target", "sourceHandle", "targetHandle", "type", "label", "animated",
      "data", "style", "markerEnd", "selected"}
@@ -43,6 +48,7 @@ class Graph:
     edges: tuple[Edge, ...]
     trigger_id: str
     order: tuple[str, ...]  # topological: every node after all its predecessors
+    watch: Mapping[str, Any] = field(default_factory=dict)  # its `limits` and `anomalies` blocks
 
     @cached_property
     def incoming(self) -> Mapping[str, tuple[Edge, ...]]:
@@ -69,7 +75,7 @@ class Graph:
                 | ({"sourceHandle": e.source_handle} if e.source_handle else {})
                 for e in self.edges
             ],
-        }
+        } | {key: self.watch[key] for key in WATCH_KEYS if key in self.watch}
 
     @cached_property
     def bodies(self) -> Mapping[str, Graph]:
@@ -106,9 +112,19 @@ def parse_graph(
         _check_reachable(nodes, edges, trigger_id, problems)
         check_references(nodes, edges, problems)
         _check_loop_bodies(nodes, edges, known_tools, problems, embedded)
+    watch = _watch_blocks(document, problems)
     if problems or trigger_id is None or order is None:
         raise GraphError(problems)
-    return Graph(nodes=nodes, edges=tuple(edges), trigger_id=trigger_id, order=order)
+    return Graph(nodes=nodes, edges=tuple(edges), trigger_id=trigger_id, order=order, watch=watch)
+
+
+def _watch_blocks(document: Any, problems: list[str]) -> dict[str, Any]:
+    """The graph's validated `limits` and `anomalies` blocks (docs/anomalies.md)."""
+    if not isinstance(document, Mapping):
+        return {}
+    problems.extend(limits_problems(document.get("limits")))
+    problems.extend(anomalies_problems(document.get("anomalies")))
+    return {key: dict(document[key]) for key in WATCH_KEYS if isinstance(document.get(key), Mapping)}
 
 
 def _parse_nodes(
@@ -122,7 +138,7 @@ def _parse_nodes(
     for key in document:
         if key not in TOP_LEVEL_KEYS:
             problems.append(f"unknown top-level key {key!r} (allowed: nodes, edges, viewport, "
-                            "name, description, metadata)")
+                            "name, description, metadata, limits, anomalies)")
     raw_nodes = document.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         problems.append("graph needs a non-empty 'nodes' list")

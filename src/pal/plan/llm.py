@@ -116,6 +116,31 @@ class LlmProgram:
     def view(self, step_id: str, completed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
         return completed, None
 
+    def times_called(self, completed: Mapping[str, Any], step_id: str) -> int:
+        """How many times, up to and including tool step `step_id`, the model asked for the same
+        tool with the same arguments (0 for a step that is not a tool call)."""
+        turn_part, _, tool_part = step_id.partition(".")
+        if not tool_part.startswith("tool-") or not turn_part.startswith("turn-"):
+            return 0
+        turn, index = int(turn_part[5:]), int(tool_part[5:])
+        calls = (completed.get(turn_id(turn)) or {}).get("tool_calls") or []
+        if index >= len(calls):
+            return 0
+        wanted = _call_key(calls[index])
+        count = 0
+        for earlier in range(1, turn + 1):
+            asked = (completed.get(turn_id(earlier)) or {}).get("tool_calls") or []
+            count += sum(1 for i, call in enumerate(asked)
+                         if (earlier, i) <= (turn, index) and _call_key(call) == wanted)
+        return count
+
+
+def _call_key(call: Any) -> str:
+    """A tool call as comparable text: its tool and its arguments, canonical JSON."""
+    if not isinstance(call, Mapping):
+        return json.dumps(call, sort_keys=True, default=str)
+    return json.dumps([call.get("name"), call.get("arguments")], sort_keys=True, default=str)
+
 
 def parse_llm_spec(document: Mapping[str, Any], *, known_tools: frozenset[str] | None) -> LlmProgram:
     """Validate a `kind: llm` document; GraphError lists every problem at once."""

@@ -34,7 +34,8 @@ class Doctor(StoreBase):
         """Every breach of the journal's invariants; empty when the journal is clean. The
         ready-order check runs only when the journal was given the planner (`program_of`)."""
         checks = [self._twice, self._terminal_leases, self._status_vs_journal, self._unstarted,
-                  self._started_again, self._orphan_receipts, self._totals, self._seq_order]
+                  self._started_again, self._orphan_receipts, self._totals, self._seq_order,
+                  self._anomalies_twice, self._started_past_budget]
         if self._program_of is not None:
             checks.append(self._out_of_order)
         with self._tx() as conn:
@@ -130,6 +131,27 @@ class Doctor(StoreBase):
                 found.append(Violation("seq_not_increasing", r.run_id, None, f"seq {r.seq}"))
             last[r.run_id] = r.seq
         return found
+
+    def _anomalies_twice(self, conn: sa.Connection) -> list[Violation]:
+        """At most one anomaly_detected per (run, kind, step) (docs/anomalies.md)."""
+        je, seen, found = journal_events, set[tuple[str, str, str]](), []
+        for r in conn.execute(sa.select(je.c.run_id, je.c.step_id, je.c.payload)
+                              .where(je.c.kind == EventKind.ANOMALY_DETECTED).order_by(je.c.seq)):
+            key = (r.run_id, str((r.payload or {}).get("kind")), r.step_id or "")
+            if key in seen:
+                found.append(Violation("anomaly_twice", r.run_id, r.step_id, f"{key[1]} journaled again"))
+            seen.add(key)
+        return found
+
+    def _started_past_budget(self, conn: sa.Connection) -> list[Violation]:
+        """No step is claimed after the run's budget failed it."""
+        je, stop = journal_events, journal_events.alias("stop")
+        rows = conn.execute(sa.select(je.c.run_id, je.c.step_id, je.c.seq, stop.c.payload).join(
+            stop, sa.and_(stop.c.run_id == je.c.run_id, stop.c.kind == EventKind.STEP_FAILED,
+                          stop.c.seq < je.c.seq)).where(je.c.kind == EventKind.STEP_STARTED))
+        return [Violation("started_after_budget_stop", r.run_id, r.step_id,
+                          f"step_started (seq {r.seq}) after the run's budget stopped it")
+                for r in rows if ((r.payload or {}).get("error") or {}).get("code") == "budget_exceeded"]
 
     def _out_of_order(self, conn: sa.Connection) -> list[Violation]:
         """A step completed that was not on the ready frontier when it completed: replaying each

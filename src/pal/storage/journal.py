@@ -6,6 +6,7 @@
     RecoveryStore  steal leases, redeliver, find orphans               pal.storage.recovery
     ReceiptStore   side-effect receipts                                pal.storage.receipts
     TokenStore     API tokens and the doorbell key                     pal.storage.tokens
+    AnomalyStore   anomalies, each journaled once                      pal.storage.anomalies
     Doctor         the journal's invariants                            pal.storage.doctor
 
 Each store is a class of its own module over the shared state and reads of pal.storage.base and
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Engine
 
+from pal.storage.anomalies import AnomalyStore
 from pal.storage.doctor import Doctor, ProgramOf
 from pal.storage.receipts import ReceiptStore
 from pal.storage.recovery import RecoveryStore
@@ -27,7 +29,7 @@ from pal.storage.tokens import TokenStore
 from pal.storage.waits import WaitStore
 
 
-class Journal(StepStore, WaitStore, RunStore, RecoveryStore, ReceiptStore, TokenStore, Doctor):
+class Journal(StepStore, WaitStore, RunStore, RecoveryStore, ReceiptStore, AnomalyStore, TokenStore, Doctor):
     """Named operations on the journal database. Time is always passed in (`now`, or a Fence)."""
 
     def __init__(self, engine: Engine, program_of: ProgramOf | None = None) -> None:

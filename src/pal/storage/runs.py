@@ -22,6 +22,7 @@ class RunStore(Primitives):
         self, *, run_id: str, tenant_id: str, kind: str, graph: Any, graph_hash: str | None,
         run_input: Any, now: datetime, lease_ttl: float, parent_run_id: str | None = None,
         parent_step_id: str | None = None, max_in_flight: int | None = None,
+        limits: dict[str, Any] | None = None,
     ) -> tuple[RunRecord, bool]:
         """Insert a queued run, its `run_queued` event and its first lease (generation 1).
 
@@ -49,7 +50,7 @@ class RunStore(Primitives):
                     id=run_id, tenant_id=tenant_id, kind=kind, graph=graph,
                     graph_hash=graph_hash, input=run_input, status=RunStatus.QUEUED, tier="shared",
                     parent_run_id=parent_run_id, parent_step_id=parent_step_id,
-                    cost_usd=Decimal(0), input_tokens=0, output_tokens=0, created_at=now,
+                    cost_usd=Decimal(0), input_tokens=0, output_tokens=0, created_at=now, limits=limits,
                 ).on_conflict_do_nothing().returning(runs.c.id)
             ).first()
             if inserted is None:

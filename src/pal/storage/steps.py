@@ -87,7 +87,7 @@ class StepStore(Primitives):
             if not log.outputs:  # a first step: the run may still be queued
                 conn.execute(runs.update().where(runs.c.id == fence.run_id, runs.c.status == RunStatus.QUEUED)
                              .values(status=RunStatus.RUNNING, started_at=fence.now))
-        return Claim(ClaimOutcome.RUN, run, attempt, log.outputs)
+        return Claim(ClaimOutcome.RUN, run, attempt, log.outputs, log=log)
 
     def _claim_in_one_call(self, calls: AutocommitCalls, fence: Fence, step_id: str,
                            ready: Ready | None) -> Claim | None:
@@ -128,7 +128,7 @@ class StepStore(Primitives):
         if events:
             self._remember(run_id, log)  # the call has committed
         if marker == STARTED:
-            return Claim(ClaimOutcome.RUN, run, attempt, log.outputs)
+            return Claim(ClaimOutcome.RUN, run, attempt, log.outputs, log=log)
         if marker == DUPLICATE:
             return Claim(ClaimOutcome.DUPLICATE, run)
         return None

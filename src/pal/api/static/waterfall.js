@@ -43,6 +43,9 @@ function render(runId, data) {
     for (const r of row.retries) lane.append(placed(el("div", {class: "mark retry",
                                                              title: `retry after attempt ${r.attempt}: ${r.error}`}),
                                                     r.at * scale));
+    if (row.anomalies.length) lane.append(placed(el("div", {class: "mark anomaly",
+                                                           title: "anomaly: " + row.anomalies.join(", ")}),
+                                                 start * scale));
     const timeline = el("td", {});
     timeline.append(lane);
     tr.append(timeline);
@@ -67,7 +70,9 @@ function render(runId, data) {
   const markers = document.getElementById("markers");
   markers.textContent = data.markers.map(m => m.kind === "recovery"
       ? `re-driven at ${m.at.toFixed(2)}s (generation ${m.generation}: ${m.resumed_steps.join(", ")})`
-      : `${m.kind} ${m.step_id || ""} at ${m.at.toFixed(2)}s`).join(" · ");
+      : m.kind === "anomaly_detected"
+        ? `anomaly ${m.anomaly}${m.step_id ? " on " + m.step_id : ""} at ${m.at.toFixed(2)}s: ${m.message}`
+        : `${m.kind} ${m.step_id || ""} at ${m.at.toFixed(2)}s`).join(" · ");
 }
 
 async function refresh(runId) {

@@ -69,6 +69,7 @@ runs = sa.Table(
     sa.Column("created_at", UtcDateTime(), nullable=False),
     sa.Column("started_at", UtcDateTime(), nullable=True),
     sa.Column("finished_at", UtcDateTime(), nullable=True),
+    sa.Column("limits", _json(), nullable=True),  # the run's own budget (docs/anomalies.md)
     sa.CheckConstraint("kind IN ('graph', 'llm')", name="kind"),
     sa.CheckConstraint(
         "status IN ('queued', 'running', 'waiting', 'succeeded', 'failed', 'cancelled')",
@@ -174,6 +175,20 @@ side_effect_receipts = sa.Table(
 sa.Index("ix_side_effect_receipts_run_id", side_effect_receipts.c.run_id)
 
 # Bearer tokens of the control plane (`pal tokens create`): only a sha256 of the secret is stored.
+# One row per anomaly journaled: the primary key makes `anomaly_detected` at most once per (run,
+# kind, step), with '' as the step of a run-level anomaly (docs/anomalies.md).
+run_anomalies = sa.Table(
+    "run_anomalies",
+    metadata,
+    sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("step_id", sa.String(256), nullable=False),
+    sa.Column("payload", _json(), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.PrimaryKeyConstraint("run_id", "kind", "step_id"),
+)
+sa.Index("ix_run_anomalies_created_at", run_anomalies.c.created_at)
+
 api_tokens = sa.Table(
     "api_tokens",
     metadata,

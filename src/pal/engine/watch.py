@@ -1,0 +1,112 @@
+"""Watchfulness at a step's claim, before its node runs: the run's budget (docs/anomalies.md,
+"Budgets") and the anomalies its journal reveals (docs/anomalies.md, "Rules").
+
+Everything compared here is already in hand: the claim's step log carries the run's completed
+steps, retries and spent usage, and the plan carries the budget and the thresholds. Only an anomaly
+to journal (once per run, kind and step) or a budget that ends the run costs a write.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pal.core import faults
+from pal.core.anomalies import (
+    Anomaly,
+    AnomalyKind,
+    AnomalyLimits,
+    RunActivity,
+    repeated_tool_call,
+    run_anomalies,
+    runaway_loop,
+)
+from pal.core.budgets import Breach, OnBreach, Spent, breach
+from pal.core.failures import failure_payload
+from pal.core.records import Claim
+from pal.core.step_log import StepLog
+from pal.engine.runtime import Runtime
+from pal.errors import StepError
+from pal.nodes.loop import MAX_ITERATIONS
+from pal.plan.interpreter import GraphProgram, Program
+from pal.plan.llm import LlmProgram
+from pal.plan.loop_steps import parse_loop_step
+
+log = logging.getLogger(__name__)
+
+# The anomaly a budget breach in `warn` mode journals: the kind of what went over.
+_BREACH_KINDS = {"maxCostUsd": AnomalyKind.COST_SPIKE, "maxTokens": AnomalyKind.TOKEN_SPIKE,
+                 "maxSteps": AnomalyKind.EXCESSIVE_STEPS, "maxRetries": AnomalyKind.RETRY_STORM}
+
+
+class BudgetExceeded(StepError):
+    """The run reached a limit of its budget and its policy (`onBreach: fail`) ends it."""
+
+    code = "budget_exceeded"
+    error_class = "limit"  # outside the retry classes: never retried
+
+
+def spent_of(steps: StepLog) -> Spent:
+    return Spent(cost_usd=steps.cost_usd, tokens=steps.tokens, steps=len(steps.outputs),
+                 retries=steps.retry_count)
+
+
+def watch_claim(rt: Runtime, claim: Claim, step_id: str, generation: int, program: Program) -> Breach | None:
+    """Journal what the claimed step reveals and return the budget breach that stops it (`fail`),
+    if any. `warn` journals an anomaly and the step goes on. Below every threshold (the usual
+    case) this is a handful of comparisons."""
+    if claim.run is None or claim.log is None:
+        return None
+    run, steps = claim.run, claim.log
+    watch = rt.watch_plan(run)
+    limits = watch.limits
+    found: list[Anomaly] = []
+    if (len(steps.outputs) > limits.max_steps or steps.retry_count > limits.max_retries
+            or steps.tokens > limits.max_run_tokens or steps.cost_usd):
+        activity = RunActivity(len(steps.outputs), steps.retry_count, steps.cost_usd, steps.tokens)
+        found = run_anomalies(activity, limits, None)
+    if watch.has_loops and "[" in step_id:
+        _append_if(found, _loop_anomaly(program, step_id, limits))
+    if watch.is_llm and ".tool-" in step_id:
+        _append_if(found, _repeated_call(program, claim, step_id, limits))
+    over = breach(watch.budget, spent_of(steps)) if watch.budget is not None else None
+    if over is not None and over.on_breach is OnBreach.WARN:
+        found.append(Anomaly(_BREACH_KINDS[over.limit_name], over.observed, over.limit, "static", None,
+                             f"budget: {over.as_payload()['message']}"))
+    if found:
+        for anomaly in rt.journal.record_anomalies(rt.fence(run.id, generation), found):
+            log.warning("run %s: anomaly %s: %s", run.id, anomaly.kind, anomaly.message)
+        faults.point("after_anomaly_commit", step_id, run.id)
+    return over if over is not None and over.on_breach is OnBreach.FAIL else None
+
+
+def _append_if(found: list[Anomaly], anomaly: Anomaly | None) -> None:
+    if anomaly is not None:
+        found.append(anomaly)
+
+
+def _loop_anomaly(program: Program, step_id: str, limits: AnomalyLimits) -> Anomaly | None:
+    """runaway_loop when an iteration's step is claimed at or past the loop's share of its
+    maxIterations (journaled once, on the loop node)."""
+    found = parse_loop_step(step_id)
+    if found is None or found.iteration is None or not isinstance(program, GraphProgram):
+        return None
+    loop_node = program.graph.nodes.get(found.loop_id)
+    maximum = loop_node.data.get("maxIterations", MAX_ITERATIONS) if loop_node is not None else 0
+    return runaway_loop(found.loop_id, found.iteration + 1, int(maximum), limits)
+
+
+def _repeated_call(program: Program, claim: Claim, step_id: str, limits: AnomalyLimits) -> Anomaly | None:
+    """runaway_loop in a plain-LLM run: the model asked for the same tool with the same arguments
+    the `same_tool_calls`-th time (journaled on that call's step, so once per repeated call)."""
+    if not isinstance(program, LlmProgram) or claim.completed is None:
+        return None
+    times = program.times_called(claim.completed, step_id)
+    return repeated_tool_call(step_id, times, limits) if times == limits.same_tool_calls else None
+
+
+def budget_failure(over: Breach) -> dict[str, Any]:
+    """The journal's record of a run stopped by its budget."""
+    payload = over.as_payload()
+    return failure_payload(BudgetExceeded(payload["message"]), limit_name=over.limit_name,
+                           limit=payload["limit"], observed=payload["observed"])
