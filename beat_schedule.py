@@ -1,4 +1,5 @@
-"""PAL's celery beat schedule: the orphan sweep every PAL_RECOVERY_INTERVAL (default 30s).
+"""PAL's celery beat schedule: the orphan sweep every PAL_RECOVERY_INTERVAL (default 30s), and the
+per-node baselines of anomaly detection every PAL_BASELINE_INTERVAL (default 5m).
 
 `celery -A pal.workers beat` (or `pal beat`) already uses this schedule; this module is where it is
 declared for operators, and `celery beat` deployments that load configuration from a module can
@@ -6,6 +7,6 @@ point at it.
 """
 
 from pal.config import load_settings
-from pal.workers.beat import sweep_schedule
+from pal.workers.beat import schedule_of
 
-beat_schedule = sweep_schedule(load_settings())
+beat_schedule = schedule_of(load_settings())

@@ -35,6 +35,7 @@ PAL_EGRESS_ALLOW         non-public targets connector nodes may reach, comma-sep
                          (default none: only public addresses; see pal.core.egress)
 PAL_SECRETS_FILE         JSON object of graph secrets, {"NAME": "value"}, read by the worker
                          whenever a template renders {{ secrets.NAME }} (default none; pal.core.secrets)
+PAL_BASELINE_INTERVAL    how often celery beat recomputes the per-node baselines (default 5m)
 PAL_ANOMALY_<THRESHOLD>  an anomaly rule's threshold, e.g. PAL_ANOMALY_MAX_RETRIES=20 (docs/anomalies.md)
 PAL_SECRET_<NAME>        the value of graph secret NAME, winning over the file; NAME matches
                          [A-Z][A-Z0-9_]*, a value has at least 8 characters (pal.core.secrets)
@@ -85,6 +86,7 @@ DEFAULT_MAX_RUN_DEPTH = 4  # subagent nesting: a top-level run is depth 0
 DEFAULT_MAX_RUNS_IN_FLIGHT = 1_000  # top-level runs queued or running per tenant
 DEFAULT_STEP_TIMEOUT_SECONDS = 300.0  # a step's time limit when its node sets no timeoutMs
 
+DEFAULT_BASELINE_INTERVAL_SECONDS = 300.0
 
 @dataclass(frozen=True)
 class Settings:
@@ -120,6 +122,7 @@ class Settings:
     step_timeout: float = DEFAULT_STEP_TIMEOUT_SECONDS
     secrets_file: str = ""  # PAL_SECRETS_FILE; pal.core.secrets reads the variable itself, at render time
     anomaly_limits: AnomalyLimits = field(default_factory=AnomalyLimits)  # PAL_ANOMALY_*
+    baseline_interval: float = DEFAULT_BASELINE_INTERVAL_SECONDS  # PAL_BASELINE_INTERVAL
 
     @property
     def is_embedded_broker(self) -> bool:
@@ -253,6 +256,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         step_timeout=_positive_float(env, "PAL_STEP_TIMEOUT", DEFAULT_STEP_TIMEOUT_SECONDS),
         secrets_file=env.get("PAL_SECRETS_FILE", "").strip(),
         anomaly_limits=_anomaly_limits(env),
+        baseline_interval=_positive_float(env, "PAL_BASELINE_INTERVAL", DEFAULT_BASELINE_INTERVAL_SECONDS),
     )
 
 

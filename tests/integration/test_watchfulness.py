@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 
 from pal.client import Client
-from pal.core.anomalies import Anomaly, AnomalyKind
+from pal.core.anomalies import MIN_BASELINE_SAMPLES, Anomaly, AnomalyKind
 from pal.core.records import Fence
 from pal.engine.steps import execute_step
 from pal.errors import GraphError, InputError
 from pal.storage.journal import Journal
+from pal.workers.beat import schedule_of
 from tests.conftest import Backend
 from tests.support.graphs import edge, linear, loop
 from tests.support.outbox import Outbox, capture_publishes, drain
@@ -182,3 +183,51 @@ def test_a_model_asking_for_the_same_tool_call_a_third_time_is_a_runaway_loop(
     assert client.get_run(run_id).status == "succeeded"
     # the third identical call is in turn 4 (turn 2 asked for another order); the fourth is not new
     assert anomalies_of(client, run_id) == [("runaway_loop", "turn-4.tool-0")]
+
+
+def test_a_step_far_above_its_nodes_baseline_is_a_token_spike(client: Client, outbox: Outbox) -> None:
+    """20 runs make the node's baseline (recomputed as the beat task does); a 21st whose model step
+    spends far more tokens journals token_spike on that step, once."""
+    graph = {"nodes": [{"id": "t", "type": "trigger"},
+                       {"id": "ask", "type": "ai-step", "data": {"provider": "scripted", "model": "m",
+                                                                 "prompt": "{{ input.text }}"}}],
+             "edges": [edge("t", "ask")]}
+    usual = [client.start_run(graph, {"text": f"short question {i}"}) for i in range(MIN_BASELINE_SAMPLES)]
+    drain(client, outbox)
+    assert client.runtime.journal.recompute_baselines(now=datetime.now(UTC)) == 2  # tokens and cost of `ask`
+    assert all(anomalies_of(client, run_id) == [] for run_id in usual)
+    worker = Client(client.settings)  # a worker process started after the beat task's pass
+    sent = capture_publishes(worker)
+    spiking = worker.start_run(graph, {"text": " ".join(["word"] * 400)})
+    calm = worker.start_run(graph, {"text": "short question again"})
+    drain(worker, sent)
+    worker.close()
+    assert anomalies_of(client, spiking) == [("token_spike", "ask")]
+    [event] = kinds(client, spiking, "anomaly_detected")
+    assert event.payload["basis"] == "baseline" and event.payload["observed"] > event.payload["limit"]
+    assert anomalies_of(client, calm) == []
+    assert client.get_run(spiking).status == "succeeded"  # informational
+
+
+def test_no_baseline_before_enough_samples(client: Client, outbox: Outbox) -> None:
+    graph = {"nodes": [{"id": "t", "type": "trigger"},
+                       {"id": "ask", "type": "ai-step", "data": {"provider": "scripted", "model": "m",
+                                                                 "prompt": "{{ input.text }}"}}],
+             "edges": [edge("t", "ask")]}
+    for i in range(MIN_BASELINE_SAMPLES - 1):
+        client.start_run(graph, {"text": f"short question {i}"})
+    drain(client, outbox)
+    client.runtime.journal.recompute_baselines(now=datetime.now(UTC))
+    worker = Client(client.settings)
+    sent = capture_publishes(worker)
+    spiking = worker.start_run(graph, {"text": " ".join(["word"] * 400)})
+    drain(worker, sent)
+    worker.close()
+    assert anomalies_of(client, spiking) == []
+
+
+def test_beat_recomputes_the_baselines_through_a_named_task(client: Client) -> None:
+    schedule = schedule_of(client.settings.with_(baseline_interval=120.0))
+    entry = schedule["pal-recompute-baselines"]
+    assert (entry["task"], entry["schedule"]) == ("pal.recompute_baselines", 120.0)
+    assert client.app.tasks["pal.recompute_baselines"].apply().get() == 0  # nothing spent yet

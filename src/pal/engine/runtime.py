@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import socket
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ end (one broker round trip for a sweep's messages); an exception out of it may d
 
 
 _PLAN_CACHE_SIZE = 256
+_BASELINE_CACHE_SECONDS = 60.0  # baselines change with the beat task's pass, every few minutes
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class Runtime:
         self._plans: Lru[str, Program] = Lru(_PLAN_CACHE_SIZE)
         self._uses_secrets: Lru[str, bool] = Lru(_PLAN_CACHE_SIZE)
         self._watch_plans: Lru[str, WatchPlan] = Lru(_PLAN_CACHE_SIZE)
+        self._baselines: Lru[str, tuple[float, dict[tuple[str, str], list[float]]]] = Lru(_PLAN_CACHE_SIZE)
         self.leases = LeaseKeeper(self._renew_lease, settings.lease_ttl)
         load_tool_modules(settings.tool_modules)
 
@@ -134,6 +137,15 @@ class Runtime:
         loops = isinstance(nodes, list) and any(isinstance(n, Mapping) and n.get("type") == "loop"
                                                 for n in nodes)
         return WatchPlan(None if budget.empty else budget, limits, loops, run.kind == "llm")
+
+    def baselines(self, graph_hash: str) -> dict[tuple[str, str], list[float]]:
+        """The graph's per-node baselines, read at most once a minute per process."""
+        cached = self._baselines.get(graph_hash)
+        now = time.monotonic()
+        if cached is None or now - cached[0] > _BASELINE_CACHE_SECONDS:
+            cached = (now, self.journal.baselines(graph_hash))
+            self._baselines.put(graph_hash, cached)
+        return cached[1]
 
     @cached_property
     def prices(self) -> dict[str, tuple[Decimal, Decimal]]:

@@ -27,7 +27,7 @@ from pal.engine.heartbeat import LeaseGone, TimeLimitReached
 from pal.engine.runtime import Runtime
 from pal.engine.services import NodeServices
 from pal.engine.waiting import wake_quietly
-from pal.engine.watch import budget_failure, watch_claim
+from pal.engine.watch import budget_failure, watch_claim, watch_usage
 from pal.errors import (
     LeaseLost,
     OutputTooLarge,
@@ -143,6 +143,7 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
         # Outside the node's failure handling: a journal error here is not the node's failure (a
         # retry would start a second child); the lease lapses and a re-drive parks the same attempt.
         return _park(rt, claim.run, step_id, claim.attempt, generation, result, program)
+    watch_usage(rt, claim.run, step_id, generation, result.usage)
     return _complete(rt, claim.run, step_id, claim.attempt, generation, result, program)
 
 

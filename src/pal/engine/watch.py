@@ -20,13 +20,14 @@ from pal.core.anomalies import (
     repeated_tool_call,
     run_anomalies,
     runaway_loop,
+    step_spike,
 )
 from pal.core.budgets import Breach, OnBreach, Spent, breach
 from pal.core.failures import failure_payload
-from pal.core.records import Claim
+from pal.core.records import Claim, RunRecord, Usage
 from pal.core.step_log import StepLog
 from pal.engine.runtime import Runtime
-from pal.errors import StepError
+from pal.errors import PalError, StepError
 from pal.nodes.loop import MAX_ITERATIONS
 from pal.plan.interpreter import GraphProgram, Program
 from pal.plan.llm import LlmProgram
@@ -103,6 +104,27 @@ def _repeated_call(program: Program, claim: Claim, step_id: str, limits: Anomaly
         return None
     times = program.times_called(claim.completed, step_id)
     return repeated_tool_call(step_id, times, limits) if times == limits.same_tool_calls else None
+
+
+def watch_usage(rt: Runtime, run: RunRecord, step_id: str, generation: int, usage: Usage) -> None:
+    """After a model step ran and before its completion: journal a token or cost spike against the
+    node's baseline (docs/anomalies.md, "Baselines"). Never fails the step."""
+    tokens = usage.input_tokens + usage.output_tokens
+    if not (tokens or usage.cost_usd) or not run.graph_hash:
+        return
+    try:
+        baseline = rt.baselines(run.graph_hash)
+        limits = rt.watch_plan(run).limits
+        found = [step_spike(AnomalyKind.TOKEN_SPIKE, step_id, float(tokens),
+                            baseline.get((step_id, "tokens"), ()), limits),
+                 step_spike(AnomalyKind.COST_SPIKE, step_id, float(usage.cost_usd),
+                            baseline.get((step_id, "cost_usd"), ()), limits)]
+        spikes = [a for a in found if a is not None]
+        if spikes:
+            for anomaly in rt.journal.record_anomalies(rt.fence(run.id, generation), spikes):
+                log.warning("run %s: anomaly %s: %s", run.id, anomaly.kind, anomaly.message)
+    except PalError:
+        log.exception("run %s step %s: baselines not checked", run.id, step_id)
 
 
 def budget_failure(over: Breach) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from celery import Celery
 from pal.config import DEFAULT_VISIBILITY_TIMEOUT_SECONDS, Settings
 from pal.core.redact import install_log_redaction
 from pal.engine.runtime import Runtime
-from pal.workers.beat import sweep_schedule
+from pal.workers.beat import schedule_of
 from pal.workers.fs_transport import TRANSPORT as FILESYSTEM_TRANSPORT
 from pal.workers.node_messages import NodePublisher
 from pal.workers.publishing import publisher_of
@@ -70,7 +70,7 @@ def create_app(settings: Settings) -> PalCelery:
         broker_transport_options=broker_transport_options(settings),
         task_default_queue=settings.queue,
         worker_concurrency=settings.worker_concurrency,
-        beat_schedule=sweep_schedule(settings),
+        beat_schedule=schedule_of(settings),
         beat_schedule_filename=str(settings.home / "celerybeat-schedule"),
         worker_consumer="pal.workers.consumer:Consumer",  # task events leave in batches
     )

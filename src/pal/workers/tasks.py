@@ -11,11 +11,12 @@ from typing import Any
 
 from celery import Celery
 
+from pal.core.clock import utcnow
 from pal.engine.recovery import sweep
 from pal.engine.runs import start_run
 from pal.engine.steps import execute_step
 from pal.errors import GraphError, InputError, Refused
-from pal.workers.task_names import EXECUTE_NODE, START_RUN, SWEEP_ORPHANS
+from pal.workers.task_names import EXECUTE_NODE, RECOMPUTE_BASELINES, START_RUN, SWEEP_ORPHANS
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,12 @@ def register_tasks(app: Celery) -> None:
         report = sweep(self.app.runtime)
         return {"found": report.found,
                 "recovered": {r: rec.generation for r, rec in report.recovered.items()}}
+
+    @app.task(name=RECOMPUTE_BASELINES, bind=True, shared=False)  # type: ignore[untyped-decorator]
+    def recompute_baselines(self: Any) -> int:
+        """Rewrite the per-node baselines from recent steps (celery beat, every PAL_BASELINE_INTERVAL)."""
+        written: int = self.app.runtime.journal.recompute_baselines(now=utcnow())
+        return written
 
     @app.task(name=START_RUN, bind=True, shared=False)  # type: ignore[untyped-decorator]
     def start_run_task(
