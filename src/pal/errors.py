@@ -90,6 +90,14 @@ class WorkLimitExceeded(StepError):
     error_class = "limit"  # outside the retry classes: no retry policy matches it
 
 
+class BudgetExceeded(StepError):
+    """The run reached a limit of its budget and its policy (`onBreach: fail`) ends it
+    (docs/anomalies.md); never retried."""
+
+    code = "budget_exceeded"
+    error_class = "limit"  # outside the retry classes: no retry policy matches it
+
+
 class StepTimeout(StepError):
     """The step ran past its time limit (its node's timeoutMs, or PAL_STEP_TIMEOUT) and was stopped."""
 

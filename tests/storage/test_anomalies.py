@@ -3,6 +3,9 @@ per run or per tenant, newest first."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 from pal.core.anomalies import Anomaly, AnomalyKind
 from pal.storage.journal import Journal
 from tests.storage.kit import at, events, fence, new_run
@@ -46,3 +49,20 @@ def test_anomalies_are_listed_per_run_and_per_tenant_newest_first(journal: Journ
     assert [a["run_id"] for a in journal.anomalies(run_id="r3")] == ["r3"]
     assert journal.anomalies(tenant_id="t1", since=at(2)) == [journal.anomalies(run_id="r2")[0]]
     assert journal.anomalies(tenant_id="nobody") == []
+
+
+def test_racing_reporters_journal_an_anomaly_once(journal: Journal) -> None:
+    """Four processes (fresh journals, no shared memory) report the same anomaly at once: one
+    row, one event; every other report writes nothing."""
+    new_run(journal)
+    reporters = [Journal(journal.engine) for _ in range(4)]
+    barrier = threading.Barrier(len(reporters))
+
+    def report(reporter: Journal) -> list[Anomaly]:
+        barrier.wait()
+        return reporter.record_anomalies(fence(seconds=1), [loop_anomaly()])
+
+    with ThreadPoolExecutor(len(reporters)) as pool:
+        written = list(pool.map(report, reporters))
+    assert sorted(len(w) for w in written) == [0, 0, 0, 1]
+    assert len(events(journal, kind="anomaly_detected")) == 1

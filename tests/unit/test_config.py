@@ -103,6 +103,13 @@ def test_non_filesystem_broker_is_not_embedded() -> None:
         ("PAL_MAX_GRAPH_BYTES", "-1", "must be positive"),
         ("PAL_MAX_INPUT_BYTES", "lots", "is not a whole number"),
         ("PAL_MAX_INPUT_BYTES", "0", "must be positive"),
+        ("PAL_BASELINE_INTERVAL", "hourly", "is not a duration"),
+        ("PAL_BASELINE_INTERVAL", "0s", "must be positive"),
+        ("PAL_ANOMALY_MAX_RETRIES", "many", "is not a whole number"),
+        ("PAL_ANOMALY_MAX_RETRIES", "0", "must be positive"),
+        ("PAL_ANOMALY_LOOP_FRACTION", "most", "is not a number"),
+        ("PAL_ANOMALY_LOOP_FRACTION", "-0.5", "must be positive"),
+        ("PAL_ANOMALY_SPIKE_MADS", "inf", "must be positive and finite"),
     ],
 )
 def test_bad_values_raise_config_error_naming_the_variable(

@@ -50,8 +50,6 @@ _BASELINE_CACHE_SECONDS = 60.0  # baselines change with the beat task's pass, ev
 class WatchPlan:
     budget: Budget | None  # None: no limit set (a budget of only onBreach checks nothing)
     limits: AnomalyLimits
-    has_loops: bool  # runaway_loop can fire on an iteration's step
-    is_llm: bool  # a plain-LLM run: the repeated-tool-call rule applies
 
 
 class Runtime:
@@ -120,7 +118,7 @@ class Runtime:
     def watch_plan(self, run: RunRecord) -> WatchPlan:
         """What a claim of the run checks (docs/anomalies.md): its budget (its plan's `limits`
         under the run's own), the anomaly thresholds (PAL_ANOMALY_* under the plan's `anomalies`),
-        and which plan-shaped rules apply; kept once per plan, a run with its own limits apart."""
+        kept once per plan, a run with its own limits apart."""
         if run.limits is not None:
             return self._watch_plan_of(run)
         key = f"{run.kind}:{run.graph_hash or run.id}"
@@ -133,10 +131,7 @@ class Runtime:
     def _watch_plan_of(self, run: RunRecord) -> WatchPlan:
         budget = parse_budget(_block(run.graph, "limits"), run.limits)
         limits = with_overrides(self.settings.anomaly_limits, _block(run.graph, "anomalies"))
-        nodes = run.graph.get("nodes") if isinstance(run.graph, Mapping) else None
-        loops = isinstance(nodes, list) and any(isinstance(n, Mapping) and n.get("type") == "loop"
-                                                for n in nodes)
-        return WatchPlan(None if budget.empty else budget, limits, loops, run.kind == "llm")
+        return WatchPlan(None if budget.empty else budget, limits)
 
     def baselines(self, graph_hash: str) -> dict[tuple[str, str], list[float]]:
         """The graph's per-node baselines, read at most once a minute per process."""

@@ -27,11 +27,9 @@ from pal.core.failures import failure_payload
 from pal.core.records import Claim, RunRecord, Usage
 from pal.core.step_log import StepLog
 from pal.engine.runtime import Runtime
-from pal.errors import PalError, StepError
-from pal.nodes.loop import MAX_ITERATIONS
+from pal.errors import BudgetExceeded, PalError
 from pal.plan.interpreter import GraphProgram, Program
 from pal.plan.llm import LlmProgram
-from pal.plan.loop_steps import parse_loop_step
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +37,6 @@ log = logging.getLogger(__name__)
 _BREACH_KINDS = {"maxCostUsd": AnomalyKind.COST_SPIKE, "maxTokens": AnomalyKind.TOKEN_SPIKE,
                  "maxSteps": AnomalyKind.EXCESSIVE_STEPS, "maxRetries": AnomalyKind.RETRY_STORM}
 
-
-class BudgetExceeded(StepError):
-    """The run reached a limit of its budget and its policy (`onBreach: fail`) ends it."""
-
-    code = "budget_exceeded"
-    error_class = "limit"  # outside the retry classes: never retried
 
 
 def spent_of(steps: StepLog) -> Spent:
@@ -66,9 +58,10 @@ def watch_claim(rt: Runtime, claim: Claim, step_id: str, generation: int, progra
             or steps.tokens > limits.max_run_tokens or steps.cost_usd):
         activity = RunActivity(len(steps.outputs), steps.retry_count, steps.cost_usd, steps.tokens)
         found = run_anomalies(activity, limits, None)
-    if watch.has_loops and "[" in step_id:
-        _append_if(found, _loop_anomaly(program, step_id, limits))
-    if watch.is_llm and ".tool-" in step_id:
+    if isinstance(program, GraphProgram):
+        position = program.loop_position(step_id)
+        _append_if(found, runaway_loop(*position, limits) if position is not None else None)
+    elif isinstance(program, LlmProgram):
         _append_if(found, _repeated_call(program, claim, step_id, limits))
     over = breach(watch.budget, spent_of(steps)) if watch.budget is not None else None
     if over is not None and over.on_breach is OnBreach.WARN:
@@ -86,21 +79,10 @@ def _append_if(found: list[Anomaly], anomaly: Anomaly | None) -> None:
         found.append(anomaly)
 
 
-def _loop_anomaly(program: Program, step_id: str, limits: AnomalyLimits) -> Anomaly | None:
-    """runaway_loop when an iteration's step is claimed at or past the loop's share of its
-    maxIterations (journaled once, on the loop node)."""
-    found = parse_loop_step(step_id)
-    if found is None or found.iteration is None or not isinstance(program, GraphProgram):
-        return None
-    loop_node = program.graph.nodes.get(found.loop_id)
-    maximum = loop_node.data.get("maxIterations", MAX_ITERATIONS) if loop_node is not None else 0
-    return runaway_loop(found.loop_id, found.iteration + 1, int(maximum), limits)
-
-
-def _repeated_call(program: Program, claim: Claim, step_id: str, limits: AnomalyLimits) -> Anomaly | None:
+def _repeated_call(program: LlmProgram, claim: Claim, step_id: str, limits: AnomalyLimits) -> Anomaly | None:
     """runaway_loop in a plain-LLM run: the model asked for the same tool with the same arguments
     the `same_tool_calls`-th time (journaled on that call's step, so once per repeated call)."""
-    if not isinstance(program, LlmProgram) or claim.completed is None:
+    if claim.completed is None:
         return None
     times = program.times_called(claim.completed, step_id)
     return repeated_tool_call(step_id, times, limits) if times == limits.same_tool_calls else None

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from pal.core.records import Handoff
 from pal.core.views import OnlyKeys
+from pal.nodes.loop import MAX_ITERATIONS
 from pal.plan.graph import Graph
 from pal.plan.loop_steps import LoopStep, items_step, iteration_prefix, iteration_step, parse_loop_step
 from pal.plan.model import Edge, Node
@@ -189,6 +190,15 @@ class GraphProgram:
             return self.graph.outgoing[step_id]
         loop_id, index, local = self._locate(step_id)
         return self.graph.bodies[loop_id].outgoing[local] if index is not None and local else ()
+
+    def loop_position(self, step_id: str) -> tuple[str, int, int] | None:
+        """(loop id, iterations so far counting this one, the loop's maxIterations) for a step of a
+        loop's iteration; None for any other step."""
+        found = parse_loop_step(step_id) if "[" in step_id else None  # most steps are no loop's
+        if found is None or found.iteration is None or found.loop_id not in self.graph.nodes:
+            return None
+        maximum = self.graph.nodes[found.loop_id].data.get("maxIterations", MAX_ITERATIONS)
+        return found.loop_id, found.iteration + 1, int(maximum)
 
     def _locate(self, step_id: str) -> LoopStep:
         found = parse_loop_step(step_id)
