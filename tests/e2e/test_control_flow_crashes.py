@@ -1,4 +1,5 @@
-"""Durable control flow with real processes: an approval outlives every worker, Redis and Postgres;
+"""Durable control flow with real processes: an approval and a budget pause outlive every worker,
+Redis and Postgres;
 a loop killed in iteration 7 of 10 resumes there; a parent killed after spawning its child never
 spawns a second; nested approvals are approved from the command line."""
 
@@ -14,7 +15,7 @@ from pal.cli.demo import stop_process, wait_until
 from pal.client import Client
 from tests.conftest import Backend
 from tests.e2e.test_crash_recovery import assert_exactly_once
-from tests.support.graphs import approval, loop, parent_of, single
+from tests.support.graphs import approval, linear, loop, parent_of, single
 from tests.support.processes import Processes
 from tests.support.tools import calls
 
@@ -22,17 +23,20 @@ from tests.support.tools import calls
 FLUSHED_DB_URL = "redis://127.0.0.1:6379/10"
 
 
-def test_an_approval_wait_survives_workers_redis_and_postgres_restarting(
+def test_an_approval_and_a_budget_pause_survive_workers_redis_and_postgres_restarting(
         postgres_backend: Backend, tmp_path: Path) -> None:
     backend = Backend("postgres", postgres_backend.settings.with_(broker_url=FLUSHED_DB_URL))
     procs = Processes(backend, tmp_path)
-    counter = tmp_path / "calls.log"
+    counter, spent = tmp_path / "calls.log", tmp_path / "spent.log"
     try:
         first = procs.worker("w1")
         beat = procs.beat()
         client = Client(backend.settings)
         run_id = client.start_run(approval(counter), {"amount": 12, "customer": "acme"})
-        assert wait_until(lambda: client.get_run(run_id).status == "waiting", timeout=60)
+        # start and s0 run; s1 is past maxSteps 2 and waits before its node runs
+        paused_id = client.start_run(linear(spent, 2) | {"limits": {"maxSteps": 2, "onBreach": "pause"}}, {})
+        assert wait_until(lambda: client.get_run(run_id).status == "waiting"
+                          and client.get_run(paused_id).status == "waiting", timeout=60)
         for process in (first, beat):  # every PAL process goes, without a chance to clean up
             process.kill()
             process.wait(timeout=30)
@@ -40,7 +44,7 @@ def test_an_approval_wait_survives_workers_redis_and_postgres_restarting(
         subprocess.run("pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main restart",
                        shell=True, check=True, timeout=120)
         client.runtime.journal.engine.dispose()  # this process's pooled connections died too
-        assert client.get_run(run_id).status == "waiting"
+        assert client.get_run(run_id).status == "waiting" and client.get_run(paused_id).status == "waiting"
         procs.worker("w2")
         procs.beat()
         listed = procs.cli("runs", "approvals", run_id)
@@ -54,6 +58,16 @@ def test_an_approval_wait_survives_workers_redis_and_postgres_restarting(
         assert calls(counter) == ["pay"]
         again = procs.cli("runs", "approve", run_id, "gate")
         assert again.returncode == 6 and "nothing waits there" in again.stderr
+        listed = procs.cli("runs", "approvals", paused_id)
+        assert listed.returncode == 0 and f"{paused_id} s1: " in listed.stdout and "[budget]" in listed.stdout
+        assert len(spent.read_text().splitlines()) == 1  # s0 only
+        resumed = procs.cli("runs", "approve", paused_id, "s1", "--by", "ada")
+        assert resumed.returncode == 0 and "approved; dispatched: s1" in resumed.stdout, resumed.stderr
+        assert wait_until(lambda: [p.step_id for p in client.pending_approvals(paused_id)] == ["out"], timeout=60)
+        assert procs.cli("runs", "approve", paused_id, "out").returncode == 0
+        assert client.wait(paused_id, timeout=60).status == "succeeded"
+        assert_exactly_once(client, paused_id)
+        assert len(spent.read_text().splitlines()) == 2  # s1 ran exactly once, after the approval
         client.close()
     finally:
         procs.stop_all()

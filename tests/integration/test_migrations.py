@@ -81,7 +81,7 @@ def _function_loaders() -> list[tuple[str, str]]:
     found = []
     for path in sorted(versions.glob("*.py")):
         text = path.read_text()
-        if "function_statements" in text:
+        if "load_functions" in text:
             sha = text.split('SQL_SHA256 = "', 1)[1].split('"', 1)[0]
             found.append((path.name.split("_", 1)[0], sha))
     return found

@@ -145,7 +145,8 @@ def runs_approve(run_id: str, step_id: str,
                  comment: Annotated[str | None, _COMMENT] = None,
                  by: Annotated[str | None, _BY] = None,
                  expected_hash: Annotated[str | None, _HASH] = None) -> None:
-    """Approve a waiting approval step; the run continues on its `approved` branch."""
+    """Approve a waiting approval step (the run continues on its `approved` branch) or a budget
+    pause (the step runs once past the budget)."""
     _decide(run_id, step_id, "approved", comment, by, expected_hash)
 
 
@@ -154,7 +155,8 @@ def runs_reject(run_id: str, step_id: str,
                 comment: Annotated[str | None, _COMMENT] = None,
                 by: Annotated[str | None, _BY] = None,
                 expected_hash: Annotated[str | None, _HASH] = None) -> None:
-    """Reject a waiting approval step: the `rejected` branch, or the run fails without one."""
+    """Reject a waiting approval step (the `rejected` branch, or the run fails without one) or a
+    budget pause (the run fails `budget_exceeded`)."""
     _decide(run_id, step_id, "rejected", comment, by, expected_hash)
 
 
@@ -163,7 +165,7 @@ def runs_approvals(
     run_id: str,
     as_json: common.AsJson = False,
 ) -> None:
-    """List the run's pending approvals, including those of its child runs (nested)."""
+    """List the run's pending approvals and budget pauses, including those of its child runs."""
     pending = common.checked(lambda: common.client().pending_approvals(run_id))
     if as_json:
         common.print_json([p.as_dict() for p in pending])
@@ -173,8 +175,9 @@ def runs_approvals(
     for p in pending:
         where = "" if p.depth == 0 else f"  (child run, depth {p.depth})"
         expires = f"  expires {p.expires_at}" if p.expires_at else ""
+        kind = "  [budget]" if p.kind == "budget" else ""
         typer.echo(f"{p.run_id} {p.step_id}: {json.dumps(p.prompt)}  hash {p.approval_hash}"
-                   f"{expires}{where}")
+                   f"{expires}{kind}{where}")
 
 
 @runs_app.command("cancel")

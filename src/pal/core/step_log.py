@@ -23,14 +23,18 @@ from typing import Any
 
 from pal.core.vocabulary import EventKind
 
-LOG_KINDS = (EventKind.STEP_COMPLETED, EventKind.STEP_RETRYING, EventKind.STEP_WAITING)
+# approval_decided ends a step's wait: it is the one event a budget pause is resumed by (the step
+# then runs; docs/anomalies.md, "Budgets"), and an approval's decision comes with its completion.
+LOG_KINDS = (EventKind.STEP_COMPLETED, EventKind.STEP_RETRYING, EventKind.STEP_WAITING,
+             EventKind.APPROVAL_DECIDED)
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
 class StepLog:
-    """One run's step events up to `seq`: completed outputs, retry payloads, parked steps, and
-    what the completed steps spent (the usage their `step_completed` recorded)."""
+    """One run's step events up to `seq`: completed outputs, retry payloads, parked steps, the
+    steps a person let run past the budget, and what the completed steps spent (the usage their
+    `step_completed` recorded)."""
 
     seq: int = 0
     outputs: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
@@ -39,11 +43,13 @@ class StepLog:
     tokens: int = 0
     cost_usd: Decimal = Decimal(0)
     retry_count: int = 0  # step_retrying events of the run
+    over_budget: frozenset[str] = frozenset()  # budget pauses approved: these steps run past it once
 
     def next_attempt(self, step_id: str) -> int:
-        """The attempt a claim of the step starts: 1 plus its retries (a crash mid-attempt
-        resumes the same attempt, so it keeps its idempotency key)."""
-        return 1 + len(self.retries.get(step_id, ()))
+        """The attempt a claim of the step starts: 1 plus its retries, plus one after an approved
+        budget pause (the paused attempt was claimed but its node never ran). A crash mid-attempt
+        resumes the same attempt, so it keeps its idempotency key."""
+        return 1 + len(self.retries.get(step_id, ())) + (step_id in self.over_budget)
 
     def backoff_due(self, step_id: str) -> datetime | None:
         """When the step's last retry lets the next attempt start; None if it set no wait."""
@@ -56,6 +62,7 @@ class StepLog:
         the log itself is never changed, readers in other threads may hold it."""
         outputs, retries, waited, seq = dict(self.outputs), dict(self.retries), set(self.waited), self.seq
         tokens, cost, retry_count = self.tokens, self.cost_usd, self.retry_count
+        over_budget = set(self.over_budget)
         for row in rows:
             seq = max(seq, row.seq)
             if row.kind == EventKind.STEP_COMPLETED:
@@ -70,5 +77,10 @@ class StepLog:
                 retry_count += 1
             elif row.kind == EventKind.STEP_WAITING:
                 waited.add(row.step_id)
+            elif row.kind == EventKind.APPROVAL_DECIDED:
+                waited.discard(row.step_id)
+                payload = row.payload or {}
+                if payload.get("kind") == "budget" and payload.get("decision") == "approved":
+                    over_budget.add(row.step_id)
         return StepLog(seq, MappingProxyType(outputs), MappingProxyType(retries), frozenset(waited),
-                       tokens, cost, retry_count)
+                       tokens, cost, retry_count, frozenset(over_budget))

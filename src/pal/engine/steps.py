@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from pal.config import Settings
 from pal.core import faults, retry
-from pal.core.budgets import Breach
+from pal.core.budgets import Breach, OnBreach
 from pal.core.clock import utcnow
 from pal.core.failures import failure_payload
 from pal.core.limits import depth_problem
@@ -27,7 +27,7 @@ from pal.engine.heartbeat import LeaseGone, TimeLimitReached
 from pal.engine.runtime import Runtime
 from pal.engine.services import NodeServices
 from pal.engine.waiting import wake_quietly
-from pal.engine.watch import budget_failure, watch_claim, watch_usage
+from pal.engine.watch import budget_failure, budget_pause, watch_claim, watch_usage
 from pal.errors import (
     LeaseLost,
     OutputTooLarge,
@@ -112,8 +112,12 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
     faults.point("after_claim_commit", step_id, run_id)
     program = rt.program_of(claim.run)
     over = watch_claim(rt, claim, step_id, generation, program)
+    if over is not None and over.on_breach is OnBreach.PAUSE:  # the node waits for a person
+        return _park(rt, claim.run, step_id, claim.attempt, generation, budget_pause(over, utcnow()), program)
     if over is not None:  # the budget says stop: the step's node never runs
         return _stopped_by_budget(rt, claim.run, step_id, claim.attempt, generation, over)
+    # An approved budget pause claimed an attempt whose node never ran: the retry policy counts runs.
+    paused = int(claim.log is not None and step_id in claim.log.over_budget)
     receipts = JournalReceipts(rt, idempotency_key(run_id, step_id, claim.attempt), run_id, step_id,
                                claim.attempt, generation)
     policy, limit_s = retry.RetryPolicy(), settings.step_timeout
@@ -134,11 +138,13 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
         return StepResult("fenced")
     except TimeLimitReached:
         exc = StepTimeout(f"the step ran past its time limit of {limit_s:g}s and was stopped")
-        return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy, claim.run.parent_run_id)
+        return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy, claim.run.parent_run_id,
+                       paused)
     except Exception as exc:  # a node's failure is data for the journal, not a worker crash
         if isinstance(exc, TypeError | ValueError) and "JSON" in str(exc):
             exc = PalError(f"step {step_id!r} returned a value that is not JSON: {exc}")
-        return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy, claim.run.parent_run_id)
+        return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy, claim.run.parent_run_id,
+                       paused)
     if isinstance(result, Park):
         # Outside the node's failure handling: a journal error here is not the node's failure (a
         # retry would start a second child); the lease lapses and a re-drive parks the same attempt.
@@ -236,11 +242,13 @@ def _wake_parent(rt: Runtime, parent_run_id: str | None) -> None:
 
 
 def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: int,
-            exc: BaseException, policy: retry.RetryPolicy, parent_run_id: str | None) -> StepResult:
-    """Retry the step when its policy says so, else fail it (and the run)."""
+            exc: BaseException, policy: retry.RetryPolicy, parent_run_id: str | None,
+            paused: int = 0) -> StepResult:
+    """Retry the step when its policy says so, else fail it (and the run). `paused`: attempts
+    that were claimed but never ran their node (an approved budget pause)."""
     settings, journal = rt.settings, rt.journal
     error = failure_payload(exc)
-    decision = retry.decide(policy, attempt, error["class"])
+    decision = retry.decide(policy, attempt - paused, error["class"])
     if decision.retry:
         kept = journal.retry_step(rt.fence(run_id, generation), step_id, attempt, of=policy.max_attempts,
                                   error=error, backoff_s=decision.backoff_s)

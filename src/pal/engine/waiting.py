@@ -20,6 +20,7 @@ from pal.core.failures import failure_payload
 from pal.core.records import Handoff, RunRecord
 from pal.core.vocabulary import EventKind
 from pal.engine.runtime import Runtime
+from pal.engine.watch import budget_failure
 from pal.errors import PalError, Refused, StepError
 from pal.plan.interpreter import GraphProgram, Program
 from pal.storage.primitives import WAIT_RECHECK_SECONDS
@@ -27,6 +28,7 @@ from pal.storage.primitives import WAIT_RECHECK_SECONDS
 log = logging.getLogger(__name__)
 
 DECISIONS = ("approved", "rejected")
+DECIDED_KINDS = ("approval", "budget")  # what a person decides; a subagent waits for its child
 
 
 class ChildRunFailed(StepError):
@@ -69,21 +71,22 @@ class PendingApproval:
     requested_at: str
     expires_at: str | None
     depth: int  # 0: the run itself; 1: its child; ...
+    kind: str = "approval"  # or "budget": a step paused by the run's budget
 
     def as_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "step_id": self.step_id, "prompt": self.prompt, "show": self.show,
-                "approval_hash": self.approval_hash, "requested_at": self.requested_at,
+        return {"run_id": self.run_id, "step_id": self.step_id, "kind": self.kind, "prompt": self.prompt,
+                "show": self.show, "approval_hash": self.approval_hash, "requested_at": self.requested_at,
                 "expires_at": self.expires_at, "depth": self.depth}
 
 
 def _resume(rt: Runtime, run: RunRecord, step_id: str, *, output: Any = None,
             error: Mapping[str, Any] | None = None, event: tuple[str, Mapping[str, Any]] | None = None,
-            check: Any = None, now: datetime | None = None) -> Handoff:
+            check: Any = None, now: datetime | None = None, rerun: bool = False) -> Handoff:
     program = rt.program_of(run)
     decision, generation = rt.journal.resume_waiting(
         run_id=run.id, step_id=step_id, now=now or utcnow(), lease_ttl=rt.settings.lease_ttl,
         plan=lambda completed: program.handoff(completed, step_id), output=output, error=error,
-        event=event, check=check, frontier=program.redrive_steps)
+        event=event, check=check, frontier=program.redrive_steps, rerun=rerun)
     # The decider's hand-off has the worker's fault points: a decider killed here leaves a lease
     # that lapses, and the sweep publishes the branch.
     rt.hand_off(run.id, step_id, decision.dispatch, generation)
@@ -112,23 +115,37 @@ def _branch_outcome(program: Program, step_id: str, branch: str, detail: Mapping
 def decide(rt: Runtime, run_id: str, step_id: str, decision: str, *, by: str,
            comment: str | None = None, expected_hash: str | None = None,
            now: datetime | None = None) -> Handoff:
-    """Approve or reject a waiting approval step; Refused (nothing changed) when the run is not
-    waiting there, the step is unknown or already decided, or `expected_hash` does not match what
-    is pending."""
+    """Approve or reject a waiting approval step or budget pause; Refused (nothing changed) when the
+    run is not waiting there, the step is unknown or already decided, or `expected_hash` does not
+    match what is pending.
+
+    An approval completes its step with the chosen branch. A budget pause (docs/anomalies.md,
+    "Budgets") approved lets its step run once past the budget; rejected, it fails the run
+    `budget_exceeded`."""
     if decision not in DECISIONS:
         raise Refused(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}")
     run = rt.journal.get_run(run_id)
+    pending = {w["step_id"]: w["payload"] for w in rt.journal.waiting_steps(run_id)}.get(step_id) or {}
+    kind = pending.get("kind")
 
     def check(waiting: Mapping[str, Any]) -> None:
-        if waiting.get("kind") != "approval":
+        if waiting.get("kind") not in DECIDED_KINDS:
             raise Refused(f"step {step_id!r} of run {run_id} waits for a child run, not an approval")
+        if waiting.get("kind") != kind:  # what was read above is not what waits now: decide again
+            raise Refused(f"step {step_id!r} of run {run_id} changed while deciding; try again")
         if expected_hash is not None and waiting.get("approval_hash") != expected_hash:
             raise Refused(f"step {step_id!r} of run {run_id} asks to approve something else: its hash is "
                           f"{waiting.get('approval_hash')}, not {expected_hash}")
 
-    waiting = {w["step_id"]: w["payload"] for w in rt.journal.waiting_steps(run_id)}
     detail = {"decision": decision, "by": by, "comment": comment,
-              "approval_hash": (waiting.get(step_id) or {}).get("approval_hash")}
+              "approval_hash": pending.get("approval_hash")}
+    if kind == "budget":
+        detail["kind"] = "budget"
+        event = (EventKind.APPROVAL_DECIDED, detail)
+        if decision == "approved":
+            return _resume(rt, run, step_id, event=event, check=check, now=now, rerun=True)
+        refused = budget_failure(pending.get("show") or {}, decision="rejected", by=by, comment=comment)
+        return _resume(rt, run, step_id, error=refused, event=event, check=check, now=now)
     output, error = _branch_outcome(rt.program_of(run), step_id, decision, detail)
     return _resume(rt, run, step_id, output=output, error=error, event=(EventKind.APPROVAL_DECIDED, detail),
                    check=check, now=now)
@@ -211,8 +228,8 @@ def pending_approvals(rt: Runtime, run_id: str, depth: int = 0) -> list[PendingA
         PendingApproval(run_id=run_id, step_id=w["step_id"], prompt=w["payload"].get("prompt"),
                         show=w["payload"].get("show"), approval_hash=w["payload"].get("approval_hash", ""),
                         requested_at=w["payload"].get("requested_at", ""),
-                        expires_at=w["payload"].get("expires_at"), depth=depth)
-        for w in rt.journal.waiting_steps(run_id) if w["payload"].get("kind") == "approval"
+                        expires_at=w["payload"].get("expires_at"), depth=depth, kind=w["payload"]["kind"])
+        for w in rt.journal.waiting_steps(run_id) if w["payload"].get("kind") in DECIDED_KINDS
     ]
     for child in rt.journal.children(run_id):
         if not child.terminal:

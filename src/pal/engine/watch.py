@@ -9,6 +9,8 @@ to journal (once per run, kind and step) or a budget that ends the run costs a w
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from pal.core import faults
@@ -28,6 +30,8 @@ from pal.core.records import Claim, RunRecord, Usage
 from pal.core.step_log import StepLog
 from pal.engine.runtime import Runtime
 from pal.errors import BudgetExceeded, PalError
+from pal.nodes.approval import approval_hash
+from pal.nodes.base import Park
 from pal.plan.interpreter import GraphProgram, Program
 from pal.plan.llm import LlmProgram
 
@@ -45,9 +49,10 @@ def spent_of(steps: StepLog) -> Spent:
 
 
 def watch_claim(rt: Runtime, claim: Claim, step_id: str, generation: int, program: Program) -> Breach | None:
-    """Journal what the claimed step reveals and return the budget breach that stops it (`fail`),
-    if any. `warn` journals an anomaly and the step goes on. Below every threshold (the usual
-    case) this is a handful of comparisons."""
+    """Journal what the claimed step reveals and return the budget breach that stops it (`fail`)
+    or parks it (`pause`), if any. `warn` journals an anomaly and the step goes on, and so does a
+    step whose pause a person approved. Below every threshold (the usual case) this is a handful
+    of comparisons."""
     if claim.run is None or claim.log is None:
         return None
     run, steps = claim.run, claim.log
@@ -63,7 +68,9 @@ def watch_claim(rt: Runtime, claim: Claim, step_id: str, generation: int, progra
         _append_if(found, runaway_loop(*position, limits) if position is not None else None)
     elif isinstance(program, LlmProgram):
         _append_if(found, _repeated_call(program, claim, step_id, limits))
-    over = breach(watch.budget, spent_of(steps)) if watch.budget is not None else None
+    over = None
+    if watch.budget is not None and step_id not in steps.over_budget:
+        over = breach(watch.budget, spent_of(steps))
     if over is not None and over.on_breach is OnBreach.WARN:
         found.append(Anomaly(_BREACH_KINDS[over.limit_name], over.observed, over.limit, "static", None,
                              f"budget: {over.as_payload()['message']}"))
@@ -71,7 +78,7 @@ def watch_claim(rt: Runtime, claim: Claim, step_id: str, generation: int, progra
         for anomaly in rt.journal.record_anomalies(rt.fence(run.id, generation), found):
             log.warning("run %s: anomaly %s: %s", run.id, anomaly.kind, anomaly.message)
         faults.point("after_anomaly_commit", step_id, run.id)
-    return over if over is not None and over.on_breach is OnBreach.FAIL else None
+    return over if over is not None and over.on_breach is not OnBreach.WARN else None
 
 
 def _append_if(found: list[Anomaly], anomaly: Anomaly | None) -> None:
@@ -109,8 +116,18 @@ def watch_usage(rt: Runtime, run: RunRecord, step_id: str, generation: int, usag
         log.exception("run %s step %s: baselines not checked", run.id, step_id)
 
 
-def budget_failure(over: Breach) -> dict[str, Any]:
-    """The journal's record of a run stopped by its budget."""
-    payload = over.as_payload()
-    return failure_payload(BudgetExceeded(payload["message"]), limit_name=over.limit_name,
-                           limit=payload["limit"], observed=payload["observed"])
+def budget_failure(over: Breach | Mapping[str, Any], **detail: Any) -> dict[str, Any]:
+    """The journal's record of a run stopped by its budget (a breach, or the payload of a pause
+    a person rejected)."""
+    payload = over.as_payload() if isinstance(over, Breach) else over
+    return failure_payload(BudgetExceeded(payload["message"]), limit_name=payload["limit_name"],
+                           limit=payload["limit"], observed=payload["observed"], **detail)
+
+
+def budget_pause(over: Breach, requested_at: datetime) -> Park:
+    """What a step stopped by a budget in `pause` waits with: decided like an approval, whose
+    `show` is the breach (docs/anomalies.md, "Budgets")."""
+    shown = over.as_payload()
+    prompt = f"Let the run go on past its budget? {shown['message']}"
+    return Park({"kind": "budget", "prompt": prompt, "show": shown, "requested_at": requested_at.isoformat(),
+                 "approval_hash": approval_hash(prompt, shown)}, None)

@@ -162,19 +162,25 @@ class Primitives(StoreBase):
         return True
 
     def _waiting(self, conn: sa.Connection, run_id: str) -> list[dict[str, Any]]:
-        """Undecided parked steps of the run: {step_id, attempt, payload, created_at}."""
+        """Undecided parked steps of the run: {step_id, attempt, payload, created_at}. A wait ends
+        with the step's completion or failure, or with a decision (an approved budget pause runs
+        the step afterwards, which may park again: an approval node past its budget)."""
         rows = conn.execute(
             sa.select(journal_events.c.step_id, journal_events.c.attempt, journal_events.c.kind,
                       journal_events.c.payload, journal_events.c.created_at)
             .where(journal_events.c.run_id == run_id,
                    journal_events.c.kind.in_((EventKind.STEP_WAITING, EventKind.STEP_COMPLETED,
-                                              EventKind.STEP_FAILED)))
+                                              EventKind.STEP_FAILED, EventKind.APPROVAL_DECIDED)))
             .order_by(journal_events.c.seq)
         ).all()
-        settled = {r.step_id for r in rows if r.kind != EventKind.STEP_WAITING}
-        return [{"step_id": r.step_id, "attempt": r.attempt, "payload": r.payload,
-                 "created_at": r.created_at}
-                for r in rows if r.kind == EventKind.STEP_WAITING and r.step_id not in settled]
+        pending: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            if r.kind == EventKind.STEP_WAITING:
+                pending[r.step_id] = {"step_id": r.step_id, "attempt": r.attempt, "payload": r.payload,
+                                      "created_at": r.created_at}
+            else:
+                pending.pop(r.step_id, None)
+        return list(pending.values())
 
     def _park_if_idle(self, conn: sa.Connection, run_id: str, generation: int, now: datetime,
                       frontier: Frontier | None) -> bool:

@@ -36,8 +36,11 @@ class WaitStore(Primitives):
         event: tuple[str, Mapping[str, Any]] | None = None,
         check: Callable[[Mapping[str, Any]], None] | None = None,
         frontier: Frontier | None = None,
+        rerun: bool = False,
     ) -> tuple[Handoff, int]:
-        """Complete (or fail) a parked step: a decision, a child's end, an expiry.
+        """Complete (or fail) a parked step: a decision, a child's end, an expiry; or, with
+        `rerun`, end its wait so that it runs (an approved budget pause: `event` is the decision
+        and the step itself is what the caller publishes).
 
         One transaction under the run's lock row: the step must be waiting and undecided (else
         Refused); `check(waiting_payload)` may refuse too; `event` (e.g. approval_decided) and
@@ -73,6 +76,8 @@ class WaitStore(Primitives):
             if event is not None:
                 self._append(conn, run_id, step_id, attempt, event[0], json_safe(dict(event[1])),
                              generation, now)
+            if rerun:
+                return Handoff(dispatch=(step_id,), finished=False), generation
             if error is not None:
                 self._append(conn, run_id, step_id, attempt, EventKind.STEP_FAILED, {"error": dict(error)},
                              generation, now)

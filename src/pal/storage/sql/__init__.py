@@ -8,6 +8,7 @@ migration that brings existing databases to it.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 FUNCTIONS_SQL = Path(__file__).with_name("functions.sql")
@@ -26,3 +27,12 @@ def function_statements() -> list[str]:
     """One `CREATE OR REPLACE FUNCTION` statement per function, in the file's order."""
     parts = functions_text().split(_END)
     return [part.strip() for part in parts if "CREATE OR REPLACE FUNCTION" in part]
+
+
+def load_functions(execute: Callable[[str], object], dialect: str) -> None:
+    """What a loader migration runs: every function of the file, created or replaced (Postgres
+    only; SQLite has no server-side functions and takes the transactional path)."""
+    if dialect != "postgresql":
+        return
+    for statement in function_statements():
+        execute(statement)

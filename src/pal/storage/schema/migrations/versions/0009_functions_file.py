@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from pal.storage.sql import function_statements
+from pal.storage.sql import load_functions
 
 revision = "0009"
 down_revision = "0008"
@@ -25,10 +25,7 @@ SQL_SHA256 = "564cfaf2fae30042a01b8a328b8a8f5fda83d97fe6f11a27f1ff39cc6a912ce9"
 
 
 def upgrade() -> None:
-    if op.get_bind().dialect.name != "postgresql":
-        return
-    for statement in function_statements():
-        op.execute(statement)
+    load_functions(op.execute, op.get_bind().dialect.name)
 
 
 def downgrade() -> None:
