@@ -37,6 +37,8 @@ PAL_SECRETS_FILE         JSON object of graph secrets, {"NAME": "value"}, read b
                          whenever a template renders {{ secrets.NAME }} (default none; pal.core.secrets)
 PAL_BASELINE_INTERVAL    how often celery beat recomputes the per-node baselines (default 5m)
 PAL_ANOMALY_<THRESHOLD>  an anomaly rule's threshold, e.g. PAL_ANOMALY_MAX_RETRIES=20 (docs/anomalies.md)
+PAL_CONFIDENCE_GATE      off | shadow | enforce: the confidence gate of nodes with a `confidence`
+                         block (default off; docs/anomalies.md, "The confidence gate")
 PAL_SECRET_<NAME>        the value of graph secret NAME, winning over the file; NAME matches
                          [A-Z][A-Z0-9_]*, a value has at least 8 characters (pal.core.secrets)
 
@@ -55,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from pal.core.anomalies import AnomalyLimits
+from pal.core.confidence import GateMode
 from pal.core.durations import parse_go_duration
 from pal.core.egress import parse_allow_list
 from pal.errors import ConfigError
@@ -123,6 +126,7 @@ class Settings:
     secrets_file: str = ""  # PAL_SECRETS_FILE; pal.core.secrets reads the variable itself, at render time
     anomaly_limits: AnomalyLimits = field(default_factory=AnomalyLimits)  # PAL_ANOMALY_*
     baseline_interval: float = DEFAULT_BASELINE_INTERVAL_SECONDS  # PAL_BASELINE_INTERVAL
+    confidence_gate: GateMode = GateMode.OFF  # PAL_CONFIDENCE_GATE
 
     @property
     def is_embedded_broker(self) -> bool:
@@ -257,7 +261,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         secrets_file=env.get("PAL_SECRETS_FILE", "").strip(),
         anomaly_limits=_anomaly_limits(env),
         baseline_interval=_positive_float(env, "PAL_BASELINE_INTERVAL", DEFAULT_BASELINE_INTERVAL_SECONDS),
+        confidence_gate=_gate_mode(env.get("PAL_CONFIDENCE_GATE", "")),
     )
+
+
+def _gate_mode(raw: str) -> GateMode:
+    value = raw.strip().lower() or GateMode.OFF
+    if value not in tuple(GateMode):
+        raise ConfigError(f"PAL_CONFIDENCE_GATE={raw!r} must be one of {', '.join(GateMode)}")
+    return GateMode(value)
 
 
 def _egress_allow(raw: str) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ import pytest
 
 from pal.cli.demo import wait_until
 from pal.client import Client
+from pal.core.confidence import GateMode
 from tests.conftest import REPO, Backend
 from tests.support.servers import SmtpReceiver, WebhookReceiver
 from tests.support.workers import in_process_worker
@@ -39,7 +40,9 @@ def test_every_node_kind_has_an_example() -> None:
 @pytest.fixture
 def docs_client(sqlite_backend: Backend, tmp_path: Path) -> Iterator[tuple[Client, WebhookReceiver, SmtpReceiver]]:
     with WebhookReceiver() as receiver, SmtpReceiver() as smtp:
-        client = Client(sqlite_backend.settings.with_(smtp_url=f"smtp://{smtp.host}:{smtp.port}"))
+        # The confidence gate enforced: only the examples with a `confidence` block pass through it.
+        client = Client(sqlite_backend.settings.with_(smtp_url=f"smtp://{smtp.host}:{smtp.port}",
+                                                      confidence_gate=GateMode.ENFORCE))
         with in_process_worker(client, concurrency=2):
             yield client, receiver, smtp
         client.close()
@@ -60,6 +63,9 @@ def test_doc_example_runs(docs_client: tuple[Client, WebhookReceiver, SmtpReceiv
         assert run.error["code"] == attrs["code"]
     if "anomaly" in attrs:
         assert [e.payload["kind"] for e in client.events(run_id) if e.kind == "anomaly_detected"] == [attrs["anomaly"]]
+    if "confidence" in attrs:
+        assert [e.payload["decision"] for e in client.events(run_id)
+                if e.kind == "confidence_evaluated"] == [attrs["confidence"]]
     if "expect" in attrs:
         assert run.output == json.loads(attrs["expect"])
     if '"connector"' in text:

@@ -66,7 +66,7 @@ INVALID: list[tuple[str, Any, dict[str, Any], tuple[str, ...]]] = [
     ("node-data-not-an-object", doc([trigger(), {"id": "a", "type": "tool", "data": [1]}], []), {},
      ("node 'a': 'data' must be an object, not list",)),
     ("node-unknown-data-field", doc([trigger(), tool("a", color="red")], [edge("t", "a")]), {},
-     ("node 'a': unknown data field 'color' (allowed: args, label, retry, timeoutMs, tool)",)),
+     ("node 'a': unknown data field 'color' (allowed: args, confidence, label, retry, timeoutMs, tool)",)),
     ("tool-without-tool", doc([trigger(), {"id": "a", "type": "tool", "data": {}}], [edge("t", "a")]),
      {}, ("node 'a': data field 'tool' is required (string)",)),
     ("tool-args-wrong-type", doc([trigger(), tool("a", args=[1])], [edge("t", "a")]), {},

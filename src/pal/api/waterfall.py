@@ -30,7 +30,7 @@ class StepRow:
     queue_s: float = 0.0
     run_s: float = 0.0
     wait_s: float = 0.0
-    waiting_for: str | None = None  # "approval" | "child" | "budget"
+    waiting_for: str | None = None  # "approval" | "child" | "budget" | "confidence"
     child_run_id: str | None = None
     attempts: int = 1
     retries: list[dict[str, Any]] = field(default_factory=list)
@@ -131,12 +131,13 @@ def _apply(row: StepRow, event: Event, t: float) -> None:
         row.run_s = round(t - started, 4)
         row.status = "waiting"
         kind = event.payload.get("kind")
-        row.waiting_for = {"subagent": "child", "budget": "budget"}.get(str(kind), "approval")
+        row.waiting_for = {"subagent": "child", "budget": "budget", "confidence": "confidence"}.get(
+            str(kind), "approval")
         row.child_run_id = event.payload.get("child_run_id")
-        row.pending_approval = kind in ("approval", "budget")
+        row.pending_approval = kind in ("approval", "budget", "confidence")
         row.approval_hash = event.payload.get("approval_hash")
     elif event.kind == "approval_decided":
         row.pending_approval = False
-        if event.payload.get("kind") == "budget" and row.status == "waiting":
-            # an approved budget pause: the wait ends here and the step runs on
+        if event.payload.get("kind") in ("budget", "confidence") and row.status == "waiting":
+            # an approved pause: the wait ends here and the step runs on
             row.wait_s, row.status = round(t - started - row.run_s, 4), "running"

@@ -175,7 +175,7 @@ def runs_approvals(
     for p in pending:
         where = "" if p.depth == 0 else f"  (child run, depth {p.depth})"
         expires = f"  expires {p.expires_at}" if p.expires_at else ""
-        kind = "  [budget]" if p.kind == "budget" else ""
+        kind = f"  [{p.kind}]" if p.kind != "approval" else ""
         typer.echo(f"{p.run_id} {p.step_id}: {json.dumps(p.prompt)}  hash {p.approval_hash}"
                    f"{expires}{kind}{where}")
 

@@ -26,7 +26,8 @@ DELIVERY_POINTS = (
     "after_delivery",  # the delivery was sent, its receipt not yet settled (the in-doubt window)
 )
 RETRY_POINTS = ("after_retry_commit",)  # step_retrying is committed, the next attempt not published
-WATCH_POINTS = ("after_anomaly_commit",)  # a claim's anomaly_detected is committed, the node has not run
+# a claim's anomaly_detected, or a gated step's confidence_evaluated, is committed; the node has not run
+WATCH_POINTS = ("after_anomaly_commit", "after_confidence_commit")
 POINTS = STEP_POINTS + DELIVERY_POINTS + RETRY_POINTS + WATCH_POINTS
 
 

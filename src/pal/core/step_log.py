@@ -25,16 +25,19 @@ from pal.core.vocabulary import EventKind
 
 # approval_decided ends a step's wait: it is the one event a budget pause is resumed by (the step
 # then runs; docs/anomalies.md, "Budgets"), and an approval's decision comes with its completion.
+# confidence_evaluated: the gate's score, read back by a re-drive, and what its samples spent.
 LOG_KINDS = (EventKind.STEP_COMPLETED, EventKind.STEP_RETRYING, EventKind.STEP_WAITING,
-             EventKind.APPROVAL_DECIDED)
+             EventKind.APPROVAL_DECIDED, EventKind.CONFIDENCE_EVALUATED)
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+_SPENDING = (EventKind.STEP_COMPLETED, EventKind.CONFIDENCE_EVALUATED)
+RESUMING_WAITS = ("budget", "confidence")  # waits that, approved, let the step itself run on
 
 
 @dataclass(frozen=True)
 class StepLog:
     """One run's step events up to `seq`: completed outputs, retry payloads, parked steps, the
-    steps a person let run past the budget, and what the completed steps spent (the usage their
-    `step_completed` recorded)."""
+    steps a person let run on (past the budget, past the confidence gate), the gate's evaluations,
+    and what the steps spent (the usage their `step_completed` and `confidence_evaluated` recorded)."""
 
     seq: int = 0
     outputs: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
@@ -43,13 +46,20 @@ class StepLog:
     tokens: int = 0
     cost_usd: Decimal = Decimal(0)
     retry_count: int = 0  # step_retrying events of the run
-    over_budget: frozenset[str] = frozenset()  # budget pauses approved: these steps run past it once
+    # step -> the kinds of its waits a person approved that let it run on ("budget", "confidence")
+    resumed: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
+    gates: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: _EMPTY)  # confidence_evaluated
 
     def next_attempt(self, step_id: str) -> int:
-        """The attempt a claim of the step starts: 1 plus its retries, plus one after an approved
-        budget pause (the paused attempt was claimed but its node never ran). A crash mid-attempt
-        resumes the same attempt, so it keeps its idempotency key."""
-        return 1 + len(self.retries.get(step_id, ())) + (step_id in self.over_budget)
+        """The attempt a claim of the step starts: 1 plus its retries, plus one per approved wait
+        that let it run on (the paused attempt was claimed but its node never ran). A crash
+        mid-attempt resumes the same attempt, so it keeps its idempotency key."""
+        return 1 + len(self.retries.get(step_id, ())) + len(self.resumed.get(step_id, ()))
+
+    @property
+    def over_budget(self) -> frozenset[str]:
+        """Steps a person let run past the budget (an approved budget pause)."""
+        return frozenset(s for s, kinds in self.resumed.items() if "budget" in kinds)
 
     def backoff_due(self, step_id: str) -> datetime | None:
         """When the step's last retry lets the next attempt start; None if it set no wait."""
@@ -62,14 +72,17 @@ class StepLog:
         the log itself is never changed, readers in other threads may hold it."""
         outputs, retries, waited, seq = dict(self.outputs), dict(self.retries), set(self.waited), self.seq
         tokens, cost, retry_count = self.tokens, self.cost_usd, self.retry_count
-        over_budget = set(self.over_budget)
+        resumed, gates = dict(self.resumed), dict(self.gates)
         for row in rows:
             seq = max(seq, row.seq)
-            if row.kind == EventKind.STEP_COMPLETED:
+            if row.kind in _SPENDING:  # only model calls record usage
                 payload = row.payload or {}
-                outputs[row.step_id] = payload.get("output")
+                if row.kind == EventKind.STEP_COMPLETED:
+                    outputs[row.step_id] = payload.get("output")
+                else:
+                    gates[row.step_id] = payload
                 usage = payload.get("usage")
-                if usage:  # only model steps record it
+                if usage:
                     tokens += int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
                     cost += Decimal(str(usage.get("cost_usd", "0")))
             elif row.kind == EventKind.STEP_RETRYING:
@@ -80,7 +93,7 @@ class StepLog:
             elif row.kind == EventKind.APPROVAL_DECIDED:
                 waited.discard(row.step_id)
                 payload = row.payload or {}
-                if payload.get("kind") == "budget" and payload.get("decision") == "approved":
-                    over_budget.add(row.step_id)
+                if payload.get("kind") in RESUMING_WAITS and payload.get("decision") == "approved":
+                    resumed[row.step_id] = (*resumed.get(row.step_id, ()), payload["kind"])
         return StepLog(seq, MappingProxyType(outputs), MappingProxyType(retries), frozenset(waited),
-                       tokens, cost, retry_count, frozenset(over_budget))
+                       tokens, cost, retry_count, MappingProxyType(resumed), MappingProxyType(gates))

@@ -38,6 +38,8 @@ class EventKind(StrEnum):
     STEP_IN_DOUBT = "step_in_doubt"  # a claimed delivery was never confirmed
     APPROVAL_DECIDED = "approval_decided"
     ANOMALY_DETECTED = "anomaly_detected"  # informational, at most once per (run, kind, step)
+    CONFIDENCE_EVALUATED = "confidence_evaluated"  # the gate's score, once per step
+    CONFIDENCE_GATE_BYPASSED = "confidence_gate_bypassed"  # policy let a low or unknown score through
 
 
 TERMINAL_EVENT = {RunStatus.SUCCEEDED: EventKind.RUN_SUCCEEDED, RunStatus.FAILED: EventKind.RUN_FAILED,

@@ -23,6 +23,7 @@ from pal.core.limits import depth_problem
 from pal.core.records import ClaimOutcome, Receipt, RunRecord
 from pal.core.redact import redact, redact_text
 from pal.core.secrets import scrub_known
+from pal.engine.gate import gate
 from pal.engine.heartbeat import LeaseGone, TimeLimitReached
 from pal.engine.runtime import Runtime
 from pal.engine.services import NodeServices
@@ -116,8 +117,8 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
         return _park(rt, claim.run, step_id, claim.attempt, generation, budget_pause(over, utcnow()), program)
     if over is not None:  # the budget says stop: the step's node never runs
         return _stopped_by_budget(rt, claim.run, step_id, claim.attempt, generation, over)
-    # An approved budget pause claimed an attempt whose node never ran: the retry policy counts runs.
-    paused = int(claim.log is not None and step_id in claim.log.over_budget)
+    # An approved pause claimed an attempt whose node never ran: the retry policy counts runs.
+    paused = len(claim.log.resumed.get(step_id, ())) if claim.log is not None else 0
     receipts = JournalReceipts(rt, idempotency_key(run_id, step_id, claim.attempt), run_id, step_id,
                                claim.attempt, generation)
     policy, limit_s = retry.RetryPolicy(), settings.step_timeout
@@ -132,7 +133,9 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
                           started_at=utcnow(), loop=loop)
         policy = retry.parse_policy(node.data.get("retry"))
         limit_s = step_time_limit(node.data, settings)
-        result = _run_node(rt, claim.run, node, ctx, generation, limit_s)
+        # The confidence gate (off unless PAL_CONFIDENCE_GATE says so) judges the action first.
+        diverted = gate(rt, claim.run, node, ctx, generation, claim.log)
+        result = diverted or _run_node(rt, claim.run, node, ctx, generation, limit_s)
     except (LeaseLost, LeaseGone):
         log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
         return StepResult("fenced")

@@ -16,9 +16,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pal.core.clock import utcnow
+from pal.core.confidence import LOW_CONFIDENCE
 from pal.core.failures import failure_payload
 from pal.core.records import Handoff, RunRecord
 from pal.core.vocabulary import EventKind
+from pal.engine.gate import ConfidenceRejected
 from pal.engine.runtime import Runtime
 from pal.engine.watch import budget_failure
 from pal.errors import PalError, Refused, StepError
@@ -28,7 +30,9 @@ from pal.storage.primitives import WAIT_RECHECK_SECONDS
 log = logging.getLogger(__name__)
 
 DECISIONS = ("approved", "rejected")
-DECIDED_KINDS = ("approval", "budget")  # what a person decides; a subagent waits for its child
+# What a person decides (a subagent waits for its child): an approval node, a step past the budget,
+# an action the confidence gate diverted.
+DECIDED_KINDS = ("approval", "budget", "confidence")
 
 
 class ChildRunFailed(StepError):
@@ -121,7 +125,8 @@ def decide(rt: Runtime, run_id: str, step_id: str, decision: str, *, by: str,
 
     An approval completes its step with the chosen branch. A budget pause (docs/anomalies.md,
     "Budgets") approved lets its step run once past the budget; rejected, it fails the run
-    `budget_exceeded`."""
+    `budget_exceeded`. A diverted low-confidence action approved runs; rejected, the step follows
+    its `low_confidence` edge when the graph has one, else fails `confidence_rejected`."""
     if decision not in DECISIONS:
         raise Refused(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}")
     run = rt.journal.get_run(run_id)
@@ -139,13 +144,21 @@ def decide(rt: Runtime, run_id: str, step_id: str, decision: str, *, by: str,
 
     detail = {"decision": decision, "by": by, "comment": comment,
               "approval_hash": pending.get("approval_hash")}
-    if kind == "budget":
-        detail["kind"] = "budget"
+    if kind in ("budget", "confidence"):
+        detail["kind"] = kind
         event = (EventKind.APPROVAL_DECIDED, detail)
         if decision == "approved":
             return _resume(rt, run, step_id, event=event, check=check, now=now, rerun=True)
-        refused = budget_failure(pending.get("show") or {}, decision="rejected", by=by, comment=comment)
-        return _resume(rt, run, step_id, error=refused, event=event, check=check, now=now)
+        if kind == "budget":
+            refused = budget_failure(pending.get("show") or {}, decision="rejected", by=by, comment=comment)
+            return _resume(rt, run, step_id, error=refused, event=event, check=check, now=now)
+        shown = pending.get("show") or {}
+        if _branch_wired(rt.program_of(run), step_id, LOW_CONFIDENCE):
+            output = {"branch": LOW_CONFIDENCE, "score": shown.get("score"), **detail}
+            return _resume(rt, run, step_id, output=output, event=event, check=check, now=now)
+        rejected = ConfidenceRejected(f"the low-confidence action of step {step_id!r} was rejected")
+        return _resume(rt, run, step_id, error=failure_payload(rejected, score=shown.get("score"), **detail),
+                       event=event, check=check, now=now)
     output, error = _branch_outcome(rt.program_of(run), step_id, decision, detail)
     return _resume(rt, run, step_id, output=output, error=error, event=(EventKind.APPROVAL_DECIDED, detail),
                    check=check, now=now)

@@ -62,6 +62,7 @@ def script_of(data: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
 
 class AiStep(NodeKind):
     type_name = "ai-step"
+    gateable: ClassVar[bool] = True  # the confidence gate may stand before its effect
     fields: ClassVar[Mapping[str, Field]] = {
         "prompt": Field((str,), required=True),
         "system": Field((str,)),

@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pal.core import retry, templates
+from pal.core.confidence import confidence_problems
 from pal.core.records import Receipt, Usage
 from pal.core.views import AsNodeOutputs
 
@@ -143,6 +144,7 @@ class NodeKind(ABC):
     allows_cycles: ClassVar[bool] = False  # only loop nodes may close a cycle
     embedded_plans: ClassVar[tuple[str, ...]] = ()  # fields holding a whole plan (subagent: graph)
     opaque_fields: ClassVar[tuple[str, ...]] = ()  # hold an embedded plan, validated on its own
+    gateable: ClassVar[bool] = False  # may carry a `confidence` block (pal.core.confidence)
 
     def validate(self, data: Mapping[str, Any], known_tools: frozenset[str] | None) -> list[str]:
         """Problems with `data`, one sentence each; empty when valid."""
@@ -153,11 +155,14 @@ class NodeKind(ABC):
         if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= MAX_TIMEOUT_MS:
             problems.append(f"timeoutMs must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS}, "
                             f"not {timeout!r}")
+        if "confidence" in data and self.gateable:
+            problems.extend(confidence_problems(data["confidence"]))
         for key in data:
-            if key in COMMON_FIELDS:
+            if key in COMMON_FIELDS or (key == "confidence" and self.gateable):
                 continue
             if key not in self.fields:
-                allowed = ", ".join(sorted({*self.fields, *COMMON_FIELDS}))
+                gate = ("confidence",) if self.gateable else ()
+                allowed = ", ".join(sorted({*self.fields, *COMMON_FIELDS, *gate}))
                 problems.append(f"unknown data field {key!r} (allowed: {allowed})")
         for key, spec in self.fields.items():
             if key not in data:

@@ -52,6 +52,7 @@ def header_problem(name: str, value: str | None) -> str | None:
 
 class Connector(NodeKind):
     type_name = "connector"
+    gateable: ClassVar[bool] = True  # the confidence gate may stand before its effect
     fields: ClassVar[Mapping[str, Field]] = {
         "url": Field((str,), required=True),
         "method": Field((str,), templated=False),

@@ -55,6 +55,7 @@ def one_address(text: str) -> Address | str:
 
 class Email(NodeKind):
     type_name = "email"
+    gateable: ClassVar[bool] = True  # the confidence gate may stand before its effect
     fields: ClassVar[Mapping[str, Field]] = {
         "to": Field((str, list), required=True),
         "subject": Field((str,), required=True),

@@ -12,6 +12,7 @@ from pal.tools import get_tool
 
 class Tool(NodeKind):
     type_name = "tool"
+    gateable: ClassVar[bool] = True  # the confidence gate may stand before its effect
     fields: ClassVar[Mapping[str, Field]] = {
         "tool": Field((str,), required=True, templated=False),
         "args": Field((dict,)),

@@ -20,6 +20,7 @@ from typing import Any
 from pal.core import templates
 from pal.core.anomalies import anomalies_problems
 from pal.core.budgets import limits_problems
+from pal.core.confidence import LOW_CONFIDENCE
 from pal.errors import GraphError
 from pal.nodes import KINDS
 from pal.plan.documents import check_size, load_graph_text
@@ -238,7 +239,9 @@ def _parse_edges(document: Any, nodes: Mapping[str, Node], problems: list[str]) 
                 f"{' or '.join(map(repr, branches))}, not {handle!r}"
             )
             continue
-        if not branches and handle:
+        if not branches and handle == LOW_CONFIDENCE and "confidence" in nodes[source].data:
+            pass  # where a rejected low-confidence action goes (docs/anomalies.md)
+        elif not branches and handle:
             problems.append(f"{where}: sourceHandle {handle!r} on a {nodes[source].type} node, "
                             "which has no branches")
             continue

@@ -17,6 +17,7 @@ from enum import Enum
 from functools import cached_property
 from typing import Any, Protocol
 
+from pal.core.confidence import LOW_CONFIDENCE
 from pal.core.records import Handoff
 from pal.core.views import OnlyKeys
 from pal.nodes.loop import MAX_ITERATIONS
@@ -44,10 +45,15 @@ class Progress:
 
 def _chosen(graph: Graph, edge: Edge, completed: Mapping[str, Any]) -> bool:
     """Whether the edge out of a completed source is live: a branching source picks its edges."""
-    if graph.nodes[edge.source].kind.branches:
+    source = graph.nodes[edge.source]
+    if source.kind.branches:
         output = completed[edge.source]
         chosen = output.get("branch") if isinstance(output, Mapping) else None
         return bool(chosen == edge.source_handle)
+    if "confidence" in source.data:  # gated: a rejected low-confidence action leaves by its own edge
+        output = completed[edge.source]
+        diverted = isinstance(output, Mapping) and output.get("branch") == LOW_CONFIDENCE
+        return diverted == (edge.source_handle == LOW_CONFIDENCE)
     return True
 
 

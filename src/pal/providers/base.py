@@ -32,6 +32,7 @@ class ModelRequest:
     max_tokens: int = 1024
     temperature: float | None = None
     script: tuple[dict[str, Any], ...] = ()  # only the scripted provider reads it
+    logprobs: bool = False  # ask for the log-probability of the answer's first token
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class ModelResponse:
     output_tokens: int
     tool_calls: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     stop_reason: str | None = None
+    logprob: float | None = None  # of the first token, when asked for and the provider gives it
 
 
 class Provider(ABC):

@@ -46,6 +46,8 @@ class OpenAIProvider(Provider):
                                   "max_completion_tokens": request.max_tokens}
         if request.temperature is not None:
             kwargs["temperature"] = request.temperature
+        if request.logprobs:
+            kwargs["logprobs"] = True
         if request.tools:
             kwargs["tools"] = [{"type": "function", "function": t.as_dict()} for t in request.tools]
         try:
@@ -64,7 +66,9 @@ class OpenAIProvider(Provider):
         except json.JSONDecodeError as exc:
             raise ProviderError(f"openai: a tool call's arguments are not JSON: {exc}") from exc
         usage = reply.usage
+        tokens = choice.logprobs.content if choice.logprobs is not None else None
         return ModelResponse(
+            logprob=tokens[0].logprob if tokens else None,
             text=choice.message.content or "", model=reply.model or request.model,
             input_tokens=usage.prompt_tokens if usage else 0,
             output_tokens=usage.completion_tokens if usage else 0,

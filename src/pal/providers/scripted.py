@@ -2,7 +2,8 @@
 
 The reply to a request is a pure function of the request: entry N of the node's `script` answers
 the request that already holds N assistant messages; past the end of the script (or with none) it
-answers with a short summary of the last user message. Tokens are counted as words.
+answers with a short summary of the last user message. Tokens are counted as words. An entry's
+`logprob` is the log-probability reported for its first token (the confidence gate's estimator).
 """
 
 from __future__ import annotations
@@ -39,4 +40,5 @@ class ScriptedProvider(Provider):
             text=text, model=request.model, input_tokens=max(1, input_tokens),
             output_tokens=max(1, _words(text) + 5 * len(calls)), tool_calls=calls,
             stop_reason="tool_calls" if calls else "stop",
+            logprob=float(entry["logprob"]) if request.logprobs and "logprob" in entry else None,
         )

@@ -103,7 +103,9 @@ class Doctor(StoreBase):
     def _totals(self, conn: sa.Connection) -> list[Violation]:
         je = journal_events
         spent: dict[str, tuple[int, int, Decimal]] = {}
-        completions = sa.select(je.c.run_id, je.c.payload).where(je.c.kind == EventKind.STEP_COMPLETED)
+        # What was spent: model steps' completions and the confidence gate's samples.
+        completions = sa.select(je.c.run_id, je.c.payload).where(
+            je.c.kind.in_((EventKind.STEP_COMPLETED, EventKind.CONFIDENCE_EVALUATED)))
         for row in conn.execute(completions):
             usage = (row.payload or {}).get("usage")
             if usage:

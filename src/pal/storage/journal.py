@@ -7,6 +7,7 @@
     ReceiptStore   side-effect receipts                                pal.storage.receipts
     TokenStore     API tokens and the doorbell key                     pal.storage.tokens
     AnomalyStore   anomalies, each journaled once                      pal.storage.anomalies
+    ConfidenceStore the confidence gate's evaluations, once per step   pal.storage.confidence
     BaselineStore  recent per-node tokens and cost                     pal.storage.baselines
     Doctor         the journal's invariants                            pal.storage.doctor
 
@@ -22,6 +23,7 @@ from sqlalchemy.engine import Engine
 
 from pal.storage.anomalies import AnomalyStore
 from pal.storage.baselines import BaselineStore
+from pal.storage.confidence import ConfidenceStore
 from pal.storage.doctor import Doctor, ProgramOf
 from pal.storage.receipts import ReceiptStore
 from pal.storage.recovery import RecoveryStore
@@ -31,8 +33,8 @@ from pal.storage.tokens import TokenStore
 from pal.storage.waits import WaitStore
 
 
-class Journal(StepStore, WaitStore, RunStore, RecoveryStore, ReceiptStore, AnomalyStore, BaselineStore,
-              TokenStore, Doctor):
+class Journal(StepStore, WaitStore, RunStore, RecoveryStore, ReceiptStore, AnomalyStore, ConfidenceStore,
+              BaselineStore, TokenStore, Doctor):
     """Named operations on the journal database. Time is always passed in (`now`, or a Fence)."""
 
     def __init__(self, engine: Engine, program_of: ProgramOf | None = None) -> None:

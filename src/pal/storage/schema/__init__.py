@@ -131,6 +131,15 @@ sa.Index(
     postgresql_where=journal_events.c.kind == EventKind.STEP_STARTED,
     sqlite_where=journal_events.c.kind == EventKind.STEP_STARTED,
 )
+# ...and one confidence evaluation per step: a re-drive reads the score back, never samples again.
+sa.Index(
+    "uq_journal_confidence_evaluated",
+    journal_events.c.run_id,
+    journal_events.c.step_id,
+    unique=True,
+    postgresql_where=journal_events.c.kind == EventKind.CONFIDENCE_EVALUATED,
+    sqlite_where=journal_events.c.kind == EventKind.CONFIDENCE_EVALUATED,
+)
 
 run_locks = sa.Table(
     "run_locks",

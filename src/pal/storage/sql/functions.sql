@@ -4,7 +4,8 @@
 -- start (migration 0005); pal_claim_step, pal_complete_step: a step's usual claim and completion
 -- as one autocommit statement each (migration 0006); pal_read_log: the step log a one-call claim
 -- reads, writing nothing, before it decides a step is ready (migration 0009; approval_decided is a
--- step-log kind since migration 0012, it resumes a budget pause); pal_journal_notify:
+-- step-log kind since migration 0012, it resumes a budget pause; confidence_evaluated since 0013,
+-- a re-drive reads the gate's score back); pal_journal_notify:
 -- NOTIFY for the SSE stream (migration 0003). docs/architecture.md, "The step protocol", says what each decides and why.
 --
 -- Migrations load this file (pal.storage.sql.load): change a function here, then add a migration
@@ -31,7 +32,7 @@ AS $function$
             PERFORM set_config('synchronous_commit', 'off', true);
 
     RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
-     WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided')
+     WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
      ORDER BY e.seq;
 
         END $function$;
@@ -63,7 +64,7 @@ AS $function$
             END IF;
 
     RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
-     WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided')
+     WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
      ORDER BY e.seq;
 
         END $function$;
@@ -102,11 +103,11 @@ AS $function$
 
             PERFORM set_config('synchronous_commit', 'off', true);
             RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
-             WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided')
+             WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
              ORDER BY e.seq;
             IF EXISTS (SELECT 1 FROM journal_events e
                         WHERE e.run_id = p_run AND e.seq > p_after AND e.step_id = p_step
-                          AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided')) THEN
+                          AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')) THEN
                 RETURN;  -- the caller predicted from an older log: it decides again
             END IF;
 
@@ -144,7 +145,7 @@ AS $function$
             END IF;
 
             IF EXISTS (SELECT 1 FROM journal_events e
-                        WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided')) THEN
+                        WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')) THEN
                 RETURN;  -- the caller predicted its hand-off from an older log: it decides again
             END IF;
 
@@ -177,7 +178,7 @@ AS $function$
             END IF;
             RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
              WHERE e.run_id = p_run AND e.seq > p_after
-               AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided')
+               AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
              ORDER BY e.seq;
         END $function$;
 -- end
