@@ -194,7 +194,8 @@ def test_a_step_far_above_its_nodes_baseline_is_a_token_spike(client: Client, ou
              "edges": [edge("t", "ask")]}
     usual = [client.start_run(graph, {"text": f"short question {i}"}) for i in range(MIN_BASELINE_SAMPLES)]
     drain(client, outbox)
-    assert client.runtime.journal.recompute_baselines(now=datetime.now(UTC)) == 2  # tokens and cost of `ask`
+    # tokens and cost of `ask`, and the graph's steps per run
+    assert client.runtime.journal.recompute_baselines(now=datetime.now(UTC)) == 3
     assert all(anomalies_of(client, run_id) == [] for run_id in usual)
     worker = Client(client.settings)  # a worker process started after the beat task's pass
     sent = capture_publishes(worker)
@@ -231,3 +232,26 @@ def test_beat_recomputes_the_baselines_through_a_named_task(client: Client) -> N
     entry = schedule["pal-recompute-baselines"]
     assert (entry["task"], entry["schedule"]) == ("pal.recompute_baselines", 120.0)
     assert client.app.tasks["pal.recompute_baselines"].apply().get() == 0  # nothing spent yet
+
+
+def test_a_run_far_past_its_graphs_usual_step_count_is_excessive_steps(client: Client, outbox: Outbox,
+                                                                        counter: Path) -> None:
+    """20 succeeded runs of a loop over 2 items make the graph's step-count baseline (as the beat
+    task does); a run over 20 items completes more than 3x their median and journals
+    excessive_steps on the baseline basis, once."""
+    graph = loop(counter, max_iterations=100)
+    for _ in range(MIN_BASELINE_SAMPLES):
+        client.start_run(graph, {"items": [1, 2]})
+    drain(client, outbox)
+    client.runtime.journal.recompute_baselines(now=datetime.now(UTC))
+    worker = Client(client.settings)  # a worker process started after the beat task's pass
+    sent = capture_publishes(worker)
+    long_run = worker.start_run(graph, {"items": list(range(20))})
+    usual_run = worker.start_run(graph, {"items": [3, 4]})
+    drain(worker, sent)
+    worker.close()
+    assert anomalies_of(client, long_run) == [("excessive_steps", None)]
+    [event] = kinds(client, long_run, "anomaly_detected")
+    assert event.payload["basis"] == "baseline" and "usually finish in" in event.payload["message"]
+    assert anomalies_of(client, usual_run) == []
+    assert client.get_run(long_run).status == "succeeded"  # informational

@@ -17,6 +17,7 @@ from typing import Any
 
 MAD_SCALE = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 MIN_BASELINE_SAMPLES = 20
+RUN_NODE = "*"  # the node id of a run-level baseline: (RUN_NODE, "steps") is steps per succeeded run
 
 
 class AnomalyKind(StrEnum):
@@ -103,7 +104,7 @@ class RunActivity:
 
 
 def run_anomalies(activity: RunActivity, limits: AnomalyLimits, step_id: str | None,
-                  finished_step_counts: Sequence[int] = ()) -> list[Anomaly]:
+                  finished_step_counts: Sequence[float] = ()) -> list[Anomaly]:
     """The run-level anomalies `activity` reveals: too many steps, a retry storm, a run that
     spent past its static cost or token limit."""
     found = []

@@ -9,12 +9,13 @@ to journal (once per run, kind and step) or a budget that ends the run costs a w
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from pal.core import faults
 from pal.core.anomalies import (
+    RUN_NODE,
     Anomaly,
     AnomalyKind,
     AnomalyLimits,
@@ -59,10 +60,11 @@ def watch_claim(rt: Runtime, claim: Claim, step_id: str, generation: int, progra
     watch = rt.watch_plan(run)
     limits = watch.limits
     found: list[Anomaly] = []
+    usual = _usual_steps(rt, run, len(steps.outputs), limits)
     if (len(steps.outputs) > limits.max_steps or steps.retry_count > limits.max_retries
-            or steps.tokens > limits.max_run_tokens or steps.cost_usd):
+            or steps.tokens > limits.max_run_tokens or steps.cost_usd or usual):
         activity = RunActivity(len(steps.outputs), steps.retry_count, steps.cost_usd, steps.tokens)
-        found = run_anomalies(activity, limits, None)
+        found = run_anomalies(activity, limits, None, usual)
     if isinstance(program, GraphProgram):
         position = program.loop_position(step_id)
         _append_if(found, runaway_loop(*position, limits) if position is not None else None)
@@ -79,6 +81,14 @@ def watch_claim(rt: Runtime, claim: Claim, step_id: str, generation: int, progra
             log.warning("run %s: anomaly %s: %s", run.id, anomaly.kind, anomaly.message)
         faults.point("after_anomaly_commit", step_id, run.id)
     return over if over is not None and over.on_breach is not OnBreach.WARN else None
+
+
+def _usual_steps(rt: Runtime, run: RunRecord, done: int, limits: AnomalyLimits) -> Sequence[float]:
+    """How many steps recent runs of the run's graph finished in (docs/anomalies.md, "Baselines"),
+    read only once the run is past the fewest steps the rule could fire at (a multiple of one)."""
+    if done <= limits.steps_over_median or not run.graph_hash:
+        return ()
+    return rt.baselines(run.graph_hash).get((RUN_NODE, "steps"), ())
 
 
 def _append_if(found: list[Anomaly], anomaly: Anomaly | None) -> None:

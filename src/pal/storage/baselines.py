@@ -7,22 +7,26 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 import sqlalchemy as sa
 
-from pal.core.vocabulary import EventKind
+from pal.core.anomalies import RUN_NODE
+from pal.core.vocabulary import EventKind, RunStatus
 from pal.storage.base import StoreBase
 from pal.storage.schema import journal_events, runs, step_baselines
 
 MAX_SAMPLES = 200  # per node and metric: recent enough to follow a model change, enough for a median
 SCAN_EVENTS = 50_000  # a recomputation reads at most this many recent completions
+SCAN_RUNS = 5_000  # ...and the step counts of at most this many recently succeeded runs
 
 
 class BaselineStore(StoreBase):
     def recompute_baselines(self, *, now: datetime, max_samples: int = MAX_SAMPLES,
-                            scan: int = SCAN_EVENTS) -> int:
+                            scan: int = SCAN_EVENTS, scan_runs: int = SCAN_RUNS) -> int:
         """Rewrite every baseline from the most recent completed steps that recorded usage, newest
-        first; returns how many (graph, node, metric) baselines it wrote."""
+        first, and the step counts of the most recently succeeded runs of each graph; returns how
+        many (graph, node, metric) baselines it wrote."""
         je = journal_events
         recent = (sa.select(runs.c.graph_hash, je.c.step_id, je.c.payload)
                   .join(runs, runs.c.id == je.c.run_id)
@@ -40,6 +44,10 @@ class BaselineStore(StoreBase):
                     tokens.append(float(used))
                     cost = Decimal(str(usage.get("cost_usd", "0")))
                     samples[(graph_hash, step_id, "cost_usd")].append(float(cost))
+            for graph_hash, steps in conn.execute(_step_counts(scan_runs)):
+                counts = samples[(graph_hash, RUN_NODE, "steps")]
+                if len(counts) < max_samples:
+                    counts.append(float(steps))
             conn.execute(step_baselines.delete())
             if samples:
                 conn.execute(step_baselines.insert(), [
@@ -54,3 +62,15 @@ class BaselineStore(StoreBase):
                                           step_baselines.c.samples)
                                 .where(step_baselines.c.graph_hash == graph_hash))
             return {(node, metric): list(values) for node, metric, values in rows}
+
+
+def _step_counts(limit: int) -> sa.Select[Any]:
+    """(graph hash, steps completed) of the most recently succeeded runs, newest first."""
+    je = journal_events
+    recent = (sa.select(runs.c.id).where(runs.c.status == RunStatus.SUCCEEDED, runs.c.graph_hash.is_not(None))
+              .order_by(runs.c.finished_at.desc()).limit(limit).subquery())
+    return (sa.select(runs.c.graph_hash, sa.func.count(je.c.seq))
+            .join(recent, recent.c.id == runs.c.id)
+            .join(je, sa.and_(je.c.run_id == runs.c.id, je.c.kind == EventKind.STEP_COMPLETED))
+            .group_by(runs.c.id, runs.c.graph_hash, runs.c.finished_at)
+            .order_by(runs.c.finished_at.desc()))
