@@ -23,7 +23,7 @@ from pal.errors import GraphError, InputError
 from pal.storage.journal import Journal
 from pal.workers.beat import schedule_of
 from tests.conftest import Backend
-from tests.support.graphs import edge, linear, loop
+from tests.support.graphs import edge, linear, loop, single
 from tests.support.outbox import Outbox, capture_publishes, drain
 
 
@@ -194,8 +194,11 @@ def test_a_step_far_above_its_nodes_baseline_is_a_token_spike(client: Client, ou
              "edges": [edge("t", "ask")]}
     usual = [client.start_run(graph, {"text": f"short question {i}"}) for i in range(MIN_BASELINE_SAMPLES)]
     drain(client, outbox)
-    # tokens and cost of `ask`, and the graph's steps per run
-    assert client.runtime.journal.recompute_baselines(now=datetime.now(UTC)) == 3
+    # tokens and cost of `ask`, the retries of `t` and `ask`, and the graph's steps per run
+    assert client.runtime.journal.recompute_baselines(now=datetime.now(UTC)) == 5
+    graph_hash = client.get_run(usual[0]).graph_hash or ""
+    assert set(client.runtime.journal.baselines(graph_hash)) == {
+        ("ask", "tokens"), ("ask", "cost_usd"), ("t", "retries"), ("ask", "retries"), ("*", "steps")}
     assert all(anomalies_of(client, run_id) == [] for run_id in usual)
     worker = Client(client.settings)  # a worker process started after the beat task's pass
     sent = capture_publishes(worker)
@@ -255,3 +258,51 @@ def test_a_run_far_past_its_graphs_usual_step_count_is_excessive_steps(client: C
     assert event.payload["basis"] == "baseline" and "usually finish in" in event.payload["message"]
     assert anomalies_of(client, usual_run) == []
     assert client.get_run(long_run).status == "succeeded"  # informational
+
+
+def test_a_node_retrying_far_above_its_usual_is_a_retry_storm(client: Client, outbox: Outbox,
+                                                             tmp_path: Path) -> None:
+    """20 runs where `work` never retries make its baseline; a run where it retries 4 times
+    journals retry_storm on `work` (baseline basis, once), one that retries twice does not."""
+    flaky_calls = tmp_path / "flaky.log"
+    graph = {"nodes": [{"id": "t", "type": "trigger"},
+                       {"id": "work", "type": "tool",
+                        "data": {"tool": "flaky", "retry": {"maxAttempts": 6, "retryableClasses": ["any"]},
+                                 "args": {"path": str(flaky_calls), "label": "{{ input.label }}",
+                                          "failures": "{{ input.failures }}"}}}],
+             "edges": [edge("t", "work")]}
+    for i in range(MIN_BASELINE_SAMPLES):
+        client.start_run(graph, {"label": f"calm-{i}", "failures": 0})
+    drain(client, outbox)
+    client.runtime.journal.recompute_baselines(now=datetime.now(UTC))
+    worker = Client(client.settings)  # a worker process started after the beat task's pass
+    sent = capture_publishes(worker)
+    stormy = worker.start_run(graph, {"label": "stormy", "failures": 4})
+    bumpy = worker.start_run(graph, {"label": "bumpy", "failures": 2})
+    drain(worker, sent)
+    worker.close()
+    assert anomalies_of(client, stormy) == [("retry_storm", "work")]
+    [event] = kinds(client, stormy, "anomaly_detected")
+    assert event.payload["basis"] == "baseline" and event.payload["observed"] == 3  # at the 4th attempt's claim
+    assert anomalies_of(client, bumpy) == []
+    assert client.get_run(stormy).status == "succeeded"  # informational
+
+
+def test_a_loops_iterations_share_their_body_nodes_baseline(client: Client, outbox: Outbox) -> None:
+    """Ten runs of two iterations give `each[*].ask` 20 samples (no single iteration index has
+    that many); a later run whose second item is far longer journals token_spike on that step."""
+    graph = single({"id": "each", "type": "loop", "data": {
+        "items": "{{ input.items }}",
+        "body": {"nodes": [{"id": "ask", "type": "ai-step",
+                            "data": {"provider": "scripted", "model": "m", "prompt": "{{ loop.item }}"}}],
+                 "edges": []}}})
+    for i in range(MIN_BASELINE_SAMPLES // 2):
+        client.start_run(graph, {"items": [f"short one {i}", f"short two {i}"]})
+    drain(client, outbox)
+    client.runtime.journal.recompute_baselines(now=datetime.now(UTC))
+    worker = Client(client.settings)
+    sent = capture_publishes(worker)
+    spiking = worker.start_run(graph, {"items": ["short again", " ".join(["word"] * 400)]})
+    drain(worker, sent)
+    worker.close()
+    assert anomalies_of(client, spiking) == [("token_spike", "each[1].ask")]

@@ -14,6 +14,7 @@ from pal.core.anomalies import (
     AnomalyLimits,
     RunActivity,
     anomalies_problems,
+    node_retry_storm,
     repeated_tool_call,
     run_anomalies,
     runaway_loop,
@@ -21,6 +22,7 @@ from pal.core.anomalies import (
     step_spike,
     with_overrides,
 )
+from pal.core.loop_steps import baseline_node
 
 LIMITS = AnomalyLimits()
 
@@ -89,3 +91,21 @@ def test_a_graph_block_overrides_the_defaults_and_is_validated() -> None:
     assert anomalies_problems({"maxRetries": 0}) == ["anomalies.maxRetries must be a positive number, not 0"]
     assert "unknown key 'retries'" in anomalies_problems({"retries": 3})[0]
     assert anomalies_problems("x") == ["anomalies must be an object, not str"]
+
+
+def test_a_node_retry_storm_needs_a_baseline_a_floor_and_three_times_the_usual() -> None:
+    never = [0.0] * 20
+    assert node_retry_storm("w", 2, never, LIMITS) is None  # under the floor of 3
+    found = node_retry_storm("w", 3, never, LIMITS)
+    assert found is not None and (found.kind, found.basis, found.step_id) == ("retry_storm", "baseline", "w")
+    assert node_retry_storm("w", 3, never[:19], LIMITS) is None  # 19 samples: no baseline yet
+    usually_two = [2.0] * 20
+    assert node_retry_storm("w", 6, usually_two, LIMITS) is None  # 3x the median is not past it
+    assert node_retry_storm("w", 7, usually_two, LIMITS) is not None
+
+
+@pytest.mark.parametrize(("step_id", "node"), [
+    ("ask", "ask"), ("each[3].ask", "each[*].ask"), ("each[items]", "each[items]"),
+    ("outer[2].inner[10].work", "outer[*].inner[*].work"), ("each", "each")])
+def test_a_loops_iterations_share_one_baseline_node(step_id: str, node: str) -> None:
+    assert baseline_node(step_id) == node

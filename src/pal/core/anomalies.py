@@ -56,6 +56,8 @@ class AnomalyLimits:
     max_steps: int = 1000  # excessive_steps (static)
     steps_over_median: float = 3.0  # excessive_steps against finished runs of the same graph
     max_retries: int = 10  # retry_storm (static)
+    retries_over_median: float = 3.0  # retry_storm: a node retrying more than this many times its usual
+    min_node_retries: int = 3  # ... and at least this many times (a node that usually never retries)
     spike_mads: float = 5.0  # cost/token spike: above median + this many scaled MADs ...
     spike_ratio: float = 3.0  # ... and at least this many times the median
     max_run_cost_usd: float = 10.0  # cost_spike for the whole run (static)
@@ -63,7 +65,9 @@ class AnomalyLimits:
 
 
 GRAPH_KEYS = {"loopFraction": "loop_fraction", "sameToolCalls": "same_tool_calls", "maxSteps": "max_steps",
-              "stepsOverMedian": "steps_over_median", "maxRetries": "max_retries", "spikeMads": "spike_mads",
+              "stepsOverMedian": "steps_over_median", "maxRetries": "max_retries",
+              "retriesOverMedian": "retries_over_median", "minNodeRetries": "min_node_retries",
+              "spikeMads": "spike_mads",
               "spikeRatio": "spike_ratio", "maxRunCostUsd": "max_run_cost_usd",
               "maxRunTokens": "max_run_tokens"}
 
@@ -130,6 +134,21 @@ def run_anomalies(activity: RunActivity, limits: AnomalyLimits, step_id: str | N
                              step_id,
                              f"the run has used {activity.tokens} tokens (limit {limits.max_run_tokens})"))
     return found
+
+
+def node_retry_storm(step_id: str, retries: int, usual_retries: Sequence[float],
+                     limits: AnomalyLimits) -> Anomaly | None:
+    """retry_storm on the baseline basis: the step has retried at least `min_node_retries` times
+    and more than `retries_over_median` times the median of its node's retries in recent runs of
+    the same graph (at least MIN_BASELINE_SAMPLES of them)."""
+    if retries < limits.min_node_retries or len(usual_retries) < MIN_BASELINE_SAMPLES:
+        return None
+    usual = statistics.median(usual_retries)
+    limit = limits.retries_over_median * usual
+    if retries <= limit:
+        return None
+    return Anomaly(AnomalyKind.RETRY_STORM, retries, limit, "baseline", step_id,
+                   f"step {step_id!r} has retried {retries} times; its node usually retries {usual:g} times")
 
 
 def runaway_loop(loop_id: str, iterations: int, max_iterations: int, limits: AnomalyLimits) -> Anomaly | None:

@@ -20,6 +20,7 @@ from pal.core.anomalies import (
     AnomalyKind,
     AnomalyLimits,
     RunActivity,
+    node_retry_storm,
     repeated_tool_call,
     run_anomalies,
     runaway_loop,
@@ -27,6 +28,7 @@ from pal.core.anomalies import (
 )
 from pal.core.budgets import Breach, OnBreach, Spent, breach
 from pal.core.failures import failure_payload
+from pal.core.loop_steps import baseline_node
 from pal.core.records import Claim, RunRecord, Usage
 from pal.core.step_log import StepLog
 from pal.engine.runtime import Runtime
@@ -65,6 +67,10 @@ def watch_claim(rt: Runtime, claim: Claim, step_id: str, generation: int, progra
             or steps.tokens > limits.max_run_tokens or steps.cost_usd or usual):
         activity = RunActivity(len(steps.outputs), steps.retry_count, steps.cost_usd, steps.tokens)
         found = run_anomalies(activity, limits, None, usual)
+    retried = len(steps.retries.get(step_id, ()))
+    if retried >= limits.min_node_retries and run.graph_hash:
+        usual_retries = rt.baselines(run.graph_hash).get((baseline_node(step_id), "retries"), ())
+        _append_if(found, node_retry_storm(step_id, retried, usual_retries, limits))
     if isinstance(program, GraphProgram):
         position = program.loop_position(step_id)
         _append_if(found, runaway_loop(*position, limits) if position is not None else None)
@@ -112,12 +118,12 @@ def watch_usage(rt: Runtime, run: RunRecord, step_id: str, generation: int, usag
     if not (tokens or usage.cost_usd) or not run.graph_hash:
         return
     try:
-        baseline = rt.baselines(run.graph_hash)
+        baseline, node = rt.baselines(run.graph_hash), baseline_node(step_id)
         limits = rt.watch_plan(run).limits
         found = [step_spike(AnomalyKind.TOKEN_SPIKE, step_id, float(tokens),
-                            baseline.get((step_id, "tokens"), ()), limits),
+                            baseline.get((node, "tokens"), ()), limits),
                  step_spike(AnomalyKind.COST_SPIKE, step_id, float(usage.cost_usd),
-                            baseline.get((step_id, "cost_usd"), ()), limits)]
+                            baseline.get((node, "cost_usd"), ()), limits)]
         spikes = [a for a in found if a is not None]
         if spikes:
             for anomaly in rt.journal.record_anomalies(rt.fence(run.id, generation), spikes):

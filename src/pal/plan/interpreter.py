@@ -18,11 +18,11 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from pal.core.confidence import LOW_CONFIDENCE
+from pal.core.loop_steps import LoopStep, items_step, iteration_prefix, iteration_step, parse_loop_step
 from pal.core.records import Handoff
 from pal.core.views import OnlyKeys
 from pal.nodes.loop import MAX_ITERATIONS
 from pal.plan.graph import Graph
-from pal.plan.loop_steps import LoopStep, items_step, iteration_prefix, iteration_step, parse_loop_step
 from pal.plan.model import Edge, Node
 
 

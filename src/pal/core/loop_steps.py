@@ -1,6 +1,7 @@
 """The step ids of a loop's expansion, in one place: a ready loop node `L` runs as the steps
 `L[items]` (its list, decided once), then iteration i's body steps `L[i].<node>`, then `L` itself
-(the loop's output). Node ids never contain `[`, so these ids cannot collide with a graph's own."""
+(the loop's output). Node ids never contain `[`, so these ids cannot collide with a graph's own.
+Pure, in core: the planner builds these ids and the baselines key by them."""
 
 from __future__ import annotations
 
@@ -37,3 +38,13 @@ def parse_loop_step(step_id: str) -> LoopStep | None:
     if match["items"]:
         return LoopStep(match["loop"], None, None)
     return LoopStep(match["loop"], int(match["index"]), match["local"])
+
+
+_ITERATION = re.compile(r"\[\d+\]")
+
+
+def baseline_node(step_id: str) -> str:
+    """The id a step's baselines are kept under: its own, except that every iteration of a loop's
+    body node shares one (`L[3].work` and `L[7].work` are both `L[*].work`, at any depth), so a
+    loop's steps are compared with that node's usual, not with one iteration index's."""
+    return _ITERATION.sub("[*]", step_id) if "[" in step_id else step_id
