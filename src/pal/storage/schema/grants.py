@@ -23,6 +23,8 @@ TABLE_PRIVILEGES = {
     "side_effect_receipts": "SELECT, INSERT, UPDATE",
     "api_tokens": "SELECT, INSERT, UPDATE",
     "pal_keys": "SELECT",
+    "run_anomalies": "SELECT, INSERT",  # an anomaly is journaled once, never changed
+    "step_baselines": "SELECT, INSERT, DELETE",  # beat rewrites them; workers read them
 }
 _ROLE = re.compile(r"^[a-z_][a-z0-9_]{0,62}\Z")
 
