@@ -37,6 +37,10 @@ PAL_SECRETS_FILE         JSON object of graph secrets, {"NAME": "value"}, read b
                          whenever a template renders {{ secrets.NAME }} (default none; pal.core.secrets)
 PAL_BASELINE_INTERVAL    how often celery beat recomputes the per-node baselines (default 5m)
 PAL_ANOMALY_<THRESHOLD>  an anomaly rule's threshold, e.g. PAL_ANOMALY_MAX_RETRIES=20 (docs/anomalies.md)
+PAL_CONTROL_URL          where VM harnesses report, the control plane's URL (default http://127.0.0.1:8000)
+PAL_VM_QUEUE             the Celery queue of VM spawns, consumed by `pal worker --vm-host` (default pal-vm)
+PAL_VM_ROOT              the folder holding microVM runs' work directories on a VM host
+                         (default $PAL_HOME/vm-work; docs/isolated-tier.md)
 PAL_CONFIDENCE_GATE      off | shadow | enforce: the confidence gate of nodes with a `confidence`
                          block (default off; docs/anomalies.md, "The confidence gate")
 PAL_SECRET_<NAME>        the value of graph secret NAME, winning over the file; NAME matches
@@ -127,6 +131,9 @@ class Settings:
     anomaly_limits: AnomalyLimits = field(default_factory=AnomalyLimits)  # PAL_ANOMALY_*
     baseline_interval: float = DEFAULT_BASELINE_INTERVAL_SECONDS  # PAL_BASELINE_INTERVAL
     confidence_gate: GateMode = GateMode.OFF  # PAL_CONFIDENCE_GATE
+    control_url: str = "http://127.0.0.1:8000"  # PAL_CONTROL_URL
+    vm_queue: str = "pal-vm"  # PAL_VM_QUEUE
+    vm_root: str = ""  # PAL_VM_ROOT ("" before load_settings fills in $PAL_HOME/vm-work)
 
     @property
     def is_embedded_broker(self) -> bool:
@@ -262,6 +269,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         anomaly_limits=_anomaly_limits(env),
         baseline_interval=_positive_float(env, "PAL_BASELINE_INTERVAL", DEFAULT_BASELINE_INTERVAL_SECONDS),
         confidence_gate=_gate_mode(env.get("PAL_CONFIDENCE_GATE", "")),
+        control_url=env.get("PAL_CONTROL_URL", "").strip() or "http://127.0.0.1:8000",
+        vm_queue=env.get("PAL_VM_QUEUE", "").strip() or "pal-vm",
+        vm_root=str(Path(env.get("PAL_VM_ROOT", "").strip() or home / "vm-work").absolute()),
     )
 
 

@@ -27,12 +27,15 @@ ALLOWED: dict[str, frozenset[str]] = {
                       "core", "errors"}),
     "workers": frozenset({"engine", "storage", "plan", "nodes", "providers", "tools", "config", "core",
                           "errors"}),
-    "engine": frozenset({"storage", "plan", "nodes", "providers", "tools", "config", "core", "errors"}),
+    "engine": frozenset({"storage", "plan", "nodes", "providers", "tools", "vms", "config", "core", "errors"}),
     "plan": frozenset({"nodes", "providers", "tools", "config", "core", "errors"}),
     "storage": frozenset({"config", "core", "errors"}),
     "nodes": frozenset({"providers", "tools", "config", "core", "errors"}),
     "providers": frozenset({"config", "core", "errors"}),
     "tools": frozenset({"config", "core", "errors"}),
+    "vms": frozenset({"config", "core", "errors"}),  # VM drivers (the isolated tier)
+    "harness": frozenset(),  # a VM's supervisor: it talks to the control plane over HTTP only
+    "sdk": frozenset(),  # runs inside the sandbox: the standard library only
     "config": frozenset({"core", "errors"}),
     "core": frozenset({"errors"}),
     "errors": frozenset(),

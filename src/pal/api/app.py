@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from pal.api import approvals, runs, stream
+from pal.api import runtime as runtime_reports
 from pal.api.dashboard import add_dashboard
 from pal.api.errors import add_error_handlers
 from pal.api.headers import SecurityHeaders, add_docs
@@ -78,7 +79,7 @@ def create_api(settings: Settings, runtime: Runtime | None = None,
     api.state.runtime = runtime if runtime is not None else create_app(settings).runtime
     api.state.notifier = journal_notifier(settings)
     add_error_handlers(api)
-    for router in (runs.router, approvals.router, stream.router):
+    for router in (runs.router, approvals.router, stream.router, runtime_reports.router):
         api.include_router(router)
     add_docs(api)
     add_dashboard(api)

@@ -209,6 +209,16 @@ def runs_anomalies(
                       lambda a: f"{a['created_at']}  {a['run_id']}  {a['kind']:<16} {a['message']}")
 
 
+@runs_app.command("vms")
+def runs_vms(run_id: str, as_json: common.AsJson = False) -> None:
+    """List the VMs of a microVM run, one per attempt (docs/isolated-tier.md)."""
+    found = common.checked(lambda: [v.as_dict() for v in common.client().runtime.journal.vms(run_id)])
+    common.print_rows(found, as_json, f"run {run_id} has no VMs",
+                      lambda v: f"attempt {v['attempt']}  {v['id']}  {v['state']:<10} {v['driver']}  "
+                                f"host {v['host'] or '-'}  pid {v['pid'] or '-'}  exit {v['exit_code']}"
+                                f"{'  ' + v['error'] if v['error'] else ''}")
+
+
 @runs_app.command("stuck")
 def runs_stuck(
     as_json: common.AsJson = False,

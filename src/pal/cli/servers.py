@@ -16,12 +16,16 @@ def worker(
     concurrency: Annotated[int | None, typer.Option(help="Worker processes.")] = None,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "info",
     pool: Annotated[str, typer.Option(help="Celery pool: prefork, threads, solo.")] = "prefork",
+    vm_host: Annotated[bool, typer.Option(
+        "--vm-host", help="Also start the VMs of microVM runs on this machine (PAL_VM_QUEUE).")] = False,
 ) -> None:
     """Run a Celery worker that executes graph nodes (same as `celery -A pal.workers worker`)."""
     from pal.workers import app as celery_app
 
+    settings = celery_app.runtime.settings
+    queues = f"{settings.queue},{settings.vm_queue}" if vm_host else settings.queue
     argv = ["worker", f"--loglevel={loglevel}", f"--pool={pool}",
-            f"--queues={celery_app.runtime.settings.queue}", *WORKER_QUIET_FLAGS]
+            f"--queues={queues}", *WORKER_QUIET_FLAGS]
     if concurrency:
         argv.append(f"--concurrency={concurrency}")
     if celery_app.runtime.settings.is_embedded_broker:

@@ -25,7 +25,7 @@ def iso(value: datetime | None) -> str | None:
 class RunRecord:
     id: str
     tenant_id: str
-    kind: str  # "graph" | "llm"
+    kind: str  # "graph" | "llm" | "microvm"
     status: str  # a RunStatus
     graph: Any
     graph_hash: str | None

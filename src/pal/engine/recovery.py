@@ -24,6 +24,7 @@ from pal.config import Settings
 from pal.core.clock import utcnow
 from pal.core.records import Recovery, RunRecord
 from pal.engine.runtime import Runtime
+from pal.engine.vms import resume_microvm_runs
 from pal.engine.waiting import wake
 from pal.errors import LeaseBusy, PalError
 
@@ -43,6 +44,8 @@ class SweepReport:
     recovered: dict[str, Recovery] = field(default_factory=dict)
     woken: dict[str, int] = field(default_factory=dict)  # parked runs looked at: steps resumed
     redelivered: dict[str, Recovery] = field(default_factory=dict)  # recoveries sent again
+    # orphaned microVM runs: resumeMicroVMRun's decision for each
+    microvm: dict[str, str] = field(default_factory=dict)
 
 
 def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True, allow_idle: bool = False,
@@ -92,6 +95,7 @@ def sweep(rt: Runtime, now: datetime | None = None) -> SweepReport:
     with rt.publish_batch():
         _redrive_all(rt, orphans, now, report)
         _redeliver_all(rt, now, report)
+    report.microvm = resume_microvm_runs(rt, now, SWEEP_BATCH)
     for run_id in rt.journal.due_waiting_runs(now=now, limit=SWEEP_BATCH):
         try:
             report.woken[run_id] = wake(rt, run_id, now=now)

@@ -16,6 +16,7 @@ from pal.core.clock import utcnow
 from pal.core.limits import depth_problem
 from pal.core.records import RunRecord
 from pal.engine.runtime import Runtime
+from pal.engine.vms import start_vm
 from pal.engine.waiting import wake_quietly
 from pal.errors import InputError, WorkLimitExceeded
 from pal.plan.programs import parse_plan
@@ -55,7 +56,8 @@ def start_run(
 ) -> tuple[RunRecord, bool]:
     """Validate, create the run (idempotent on `run_id`) and publish its first step.
 
-    `graph` is a graph document, or a plain-LLM spec (`{"kind": "llm", ...}`); `limits` is the
+    `graph` is a graph document, a plain-LLM spec (`{"kind": "llm", ...}`) or a microVM run
+    (`{"kind": "microvm", ...}`, whose first VM is scheduled instead); `limits` is the
     run's own budget over the graph's (docs/anomalies.md). Returns the run and whether this call
     created it. Nothing is written for invalid input.
     """
@@ -77,7 +79,9 @@ def start_run(
         lease_ttl=settings.lease_ttl, max_in_flight=settings.max_runs_in_flight,
         limits=dict(limits) if limits is not None else None,
     )
-    if created:
+    if plan.kind == "microvm":
+        start_vm(rt, record.id)  # the isolated tier: a VM, not a doorbell (docs/isolated-tier.md)
+    elif created:
         rt.publish(record.id, plan.program.first_step, 1)
     return record, created
 

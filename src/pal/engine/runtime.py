@@ -24,6 +24,7 @@ from pal.core.lru import Lru
 from pal.core.records import Fence, RunRecord
 from pal.engine import builtin_tools  # noqa: F401  (registers the built-in tools)
 from pal.engine.heartbeat import LeaseKeeper
+from pal.errors import PalError
 from pal.plan.interpreter import Program
 from pal.plan.programs import program_of
 from pal.providers.pricing import load_prices
@@ -58,6 +59,7 @@ class Runtime:
         self.settings = settings
         self.publish = publish
         self.publish_batch = publish_batch
+        self.publish_vm: Callable[[str], None] = _no_vm_queue  # the VM queue's spawn (pal.engine.vms)
         self._plans: Lru[str, Program] = Lru(_PLAN_CACHE_SIZE)
         self._uses_secrets: Lru[str, bool] = Lru(_PLAN_CACHE_SIZE)
         self._watch_plans: Lru[str, WatchPlan] = Lru(_PLAN_CACHE_SIZE)
@@ -152,3 +154,7 @@ def _block(document: Any, name: str) -> Mapping[str, Any] | None:
     """A top-level block of a stored plan document (validated when the run started)."""
     block = document.get(name) if isinstance(document, Mapping) else None
     return block if isinstance(block, Mapping) else None
+
+
+def _no_vm_queue(vm_id: str) -> None:
+    raise PalError(f"this process cannot spawn VM {vm_id}: it has no Celery app (the VM queue)")

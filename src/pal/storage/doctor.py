@@ -168,6 +168,8 @@ class Doctor(StoreBase):
         plans: dict[tuple[str, str], ReadyCheck] = {}
         for run_id, events in itertools.groupby(rows, key=lambda r: r.run_id):
             run = self._run(conn, run_id)
+            if run.kind == "microvm":
+                continue  # its workload orders its own steps (docs/isolated-tier.md)
             key = (run.kind, run.graph_hash or run_id)
             if key not in plans:
                 plans[key] = self._program_of(run.kind, run.graph)

@@ -9,6 +9,7 @@
     AnomalyStore   anomalies, each journaled once                      pal.storage.anomalies
     ConfidenceStore the confidence gate's evaluations, once per step   pal.storage.confidence
     BaselineStore  recent per-node tokens and cost                     pal.storage.baselines
+    VmStore        the isolated tier's VMs, reports, resumeMicroVMRun  pal.storage.vms
     Doctor         the journal's invariants                            pal.storage.doctor
 
 Each store is a class of its own module over the shared state and reads of pal.storage.base and
@@ -30,11 +31,12 @@ from pal.storage.recovery import RecoveryStore
 from pal.storage.runs import RunStore
 from pal.storage.steps import StepStore
 from pal.storage.tokens import TokenStore
+from pal.storage.vms import VmStore
 from pal.storage.waits import WaitStore
 
 
 class Journal(StepStore, WaitStore, RunStore, RecoveryStore, ReceiptStore, AnomalyStore, ConfidenceStore,
-              BaselineStore, TokenStore, Doctor):
+              BaselineStore, VmStore, TokenStore, Doctor):
     """Named operations on the journal database. Time is always passed in (`now`, or a Fence)."""
 
     def __init__(self, engine: Engine, program_of: ProgramOf | None = None) -> None:

@@ -213,21 +213,27 @@ class RecoveryStore(Primitives):
                        and (r.step_id, r.attempt) not in closed})
 
     @staticmethod
-    def orphan_query(*, now: datetime, limit: int) -> sa.Select[Any]:
+    def orphan_query(*, now: datetime, limit: int, tier: str = "shared") -> sa.Select[Any]:
         """In-flight runs whose lease is missing or expired (the partial index ix_runs_in_flight
         keeps finished runs out of the scan)."""
         return (
             sa.select(runs.c.id)
             .select_from(runs.outerjoin(run_locks, run_locks.c.run_id == runs.c.id))
-            .where(runs.c.status.in_(IN_FLIGHT_STATUSES),
+            .where(runs.c.status.in_(IN_FLIGHT_STATUSES), runs.c.tier == tier,
                    sa.or_(run_locks.c.run_id.is_(None), run_locks.c.expires_at < now))
             .order_by(runs.c.id)
             .limit(limit)
         )
 
     def orphaned_runs(self, *, now: datetime, limit: int) -> list[str]:
+        """Orphans of the shared tier, which the graph re-drive takes."""
         with self._tx() as conn:
             return list(conn.execute(self.orphan_query(now=now, limit=limit)).scalars())
+
+    def orphaned_microvm_runs(self, *, now: datetime, limit: int) -> list[str]:
+        """Orphans of the isolated tier, which resumeMicroVMRun takes (pal.storage.vms)."""
+        with self._tx() as conn:
+            return list(conn.execute(self.orphan_query(now=now, limit=limit, tier="microvm")).scalars())
 
     def stuck_runs(self, *, now: datetime, limit: int = 100) -> list[tuple[RunRecord, Lease | None]]:
         """In-flight runs with a missing or expired lease, with that lease."""

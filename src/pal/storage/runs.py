@@ -48,7 +48,8 @@ class RunStore(Primitives):
             inserted = conn.execute(
                 self._insert(runs).values(
                     id=run_id, tenant_id=tenant_id, kind=kind, graph=graph,
-                    graph_hash=graph_hash, input=run_input, status=RunStatus.QUEUED, tier="shared",
+                    graph_hash=graph_hash, input=run_input, status=RunStatus.QUEUED,
+                    tier="microvm" if kind == "microvm" else "shared",
                     parent_run_id=parent_run_id, parent_step_id=parent_step_id,
                     cost_usd=Decimal(0), input_tokens=0, output_tokens=0, created_at=now, limits=limits,
                 ).on_conflict_do_nothing().returning(runs.c.id)

@@ -14,7 +14,7 @@ from pal.workers.fs_transport import TRANSPORT as FILESYSTEM_TRANSPORT
 from pal.workers.node_messages import NodePublisher
 from pal.workers.publishing import publisher_of
 from pal.workers.redis_transport import TRANSPORT as REDIS_TRANSPORT
-from pal.workers.task_names import EXECUTE_NODE
+from pal.workers.task_names import EXECUTE_NODE, SPAWN_VM
 from pal.workers.tasks import register_tasks
 
 
@@ -86,5 +86,6 @@ def create_app(settings: Settings) -> PalCelery:
 
     publish, publish_batch = publisher_of(app, settings.queue, node_publisher)
     app.runtime = Runtime(settings, publish, publish_batch)
+    app.runtime.publish_vm = lambda vm_id: app.send_task(SPAWN_VM, args=[vm_id], queue=settings.vm_queue)
     register_tasks(app)
     return app

@@ -15,8 +15,9 @@ from pal.core.clock import utcnow
 from pal.engine.recovery import sweep
 from pal.engine.runs import start_run
 from pal.engine.steps import execute_step
+from pal.engine.vms import spawn_vm
 from pal.errors import GraphError, InputError, Refused
-from pal.workers.task_names import EXECUTE_NODE, RECOMPUTE_BASELINES, START_RUN, SWEEP_ORPHANS
+from pal.workers.task_names import EXECUTE_NODE, RECOMPUTE_BASELINES, SPAWN_VM, START_RUN, SWEEP_ORPHANS
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,15 @@ def register_tasks(app: Celery) -> None:
         """One pass of the orphan sweep (celery beat sends it every PAL_RECOVERY_INTERVAL)."""
         report = sweep(self.app.runtime)
         return {"found": report.found,
-                "recovered": {r: rec.generation for r, rec in report.recovered.items()}}
+                "recovered": {r: rec.generation for r, rec in report.recovered.items()},
+                "microvm": report.microvm}
+
+    @app.task(name=SPAWN_VM, bind=True, shared=False)  # type: ignore[untyped-decorator]
+    def spawn_vm_task(self: Any, vm_id: Any) -> str:
+        """Start one VM of a microVM run on this host (`pal worker --vm-host`; docs/isolated-tier.md)."""
+        if not isinstance(vm_id, str):
+            return "refused: a VM id is a string"
+        return spawn_vm(self.app.runtime, vm_id)
 
     @app.task(name=RECOMPUTE_BASELINES, bind=True, shared=False)  # type: ignore[untyped-decorator]
     def recompute_baselines(self: Any) -> int:

@@ -42,8 +42,12 @@ class UtcDateTime(sa.TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def _json() -> Any:
+def json_type() -> Any:
+    """JSON, as JSONB on Postgres (migrations use it too)."""
     return sa.JSON().with_variant(JSONB(), "postgresql")
+
+
+_json = json_type
 
 
 _BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
@@ -70,7 +74,7 @@ runs = sa.Table(
     sa.Column("started_at", UtcDateTime(), nullable=True),
     sa.Column("finished_at", UtcDateTime(), nullable=True),
     sa.Column("limits", _json(), nullable=True),  # the run's own budget (docs/anomalies.md)
-    sa.CheckConstraint("kind IN ('graph', 'llm')", name="kind"),
+    sa.CheckConstraint("kind IN ('graph', 'llm', 'microvm')", name="kind"),
     sa.CheckConstraint(
         "status IN ('queued', 'running', 'waiting', 'succeeded', 'failed', 'cancelled')",
         name="status",
@@ -182,6 +186,32 @@ side_effect_receipts = sa.Table(
     sa.CheckConstraint("status IN ('claimed', 'delivered', 'failed')", name="status"),
 )
 sa.Index("ix_side_effect_receipts_run_id", side_effect_receipts.c.run_id)
+
+# The isolated tier's VMs (docs/isolated-tier.md): one row per VM ever spawned for a run, so the
+# rows of a run count its resume attempts; unique (run, attempt), so two sweepers never spawn twice.
+# `generation` is the run's lease generation the VM reports under (an older VM is fenced out);
+# only a sha256 of its report token is kept.
+runtime_vms = sa.Table(
+    "runtime_vms",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("attempt", sa.Integer(), nullable=False),
+    sa.Column("generation", sa.Integer(), nullable=False),
+    sa.Column("driver", sa.String(32), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("spec", _json(), nullable=False),
+    sa.Column("host", sa.String(256), nullable=True),
+    sa.Column("pid", sa.Integer(), nullable=True),
+    sa.Column("token_hash", sa.String(64), nullable=True, unique=True),
+    sa.Column("exit_code", sa.Integer(), nullable=True),
+    sa.Column("error", sa.Text(), nullable=True),
+    sa.Column("last_heartbeat", UtcDateTime(), nullable=True),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("updated_at", UtcDateTime(), nullable=False),
+    sa.UniqueConstraint("run_id", "attempt", name="uq_runtime_vms_run_attempt"),
+    sa.CheckConstraint("state IN ('pending', 'booting', 'running', 'terminated', 'failed')", name="state"),
+)
 
 # Bearer tokens of the control plane (`pal tokens create`): only a sha256 of the secret is stored.
 # One row per anomaly journaled: the primary key makes `anomaly_detected` at most once per (run,

@@ -1,0 +1,152 @@
+"""The isolated tier's control plane (docs/isolated-tier.md): a microVM run's first VM, the VM queue's
+spawn, the harness's reports, and the sweep's `resumeMicroVMRun`.
+
+Placement needs no scheduler of PAL's own: spawning a VM is a Celery task on PAL_VM_QUEUE, consumed
+by `pal worker --vm-host` on the machines that run VMs, and the decision to spawn one is taken in a
+transaction under the run's lock row (the first VM at the start; a resume by the sweep pass that
+won the lease), so it is taken once whoever else is sweeping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import secrets
+import socket
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pal.core.clock import utcnow
+from pal.core.limits import depth_problem
+from pal.core.records import Fence
+from pal.core.vms import ResumeAction, VmState
+from pal.engine.runtime import Runtime
+from pal.errors import InputError, PalError, Refused
+from pal.storage.vms import VmOrder, VmRecord
+from pal.vms import DriverError, driver_of
+
+log = logging.getLogger(__name__)
+
+_STEP_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-\[\]]{0,199}")
+_EVENTS = ("started", "completed", "failed")
+UNKNOWN_VM = "unknown, finished or superseded VM"  # one refusal for every token that may not report
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def start_vm(rt: Runtime, run_id: str) -> None:
+    """Schedule the first VM of a new microVM run (nothing when it has one: a repeated start)."""
+    order = rt.journal.first_vm(run_id=run_id, now=utcnow())
+    if order is not None:
+        rt.publish_vm(order.vm_id)
+
+
+def resume_microvm_runs(rt: Runtime, now: datetime, limit: int) -> dict[str, str]:
+    """The sweep's path for orphaned microVM runs (never the graph re-drive): resumeMicroVMRun for
+    each. Returns run id -> what was decided."""
+    decided: dict[str, str] = {}
+    stale_after = 2 * rt.settings.lease_ttl
+    for run_id in rt.journal.orphaned_microvm_runs(now=now, limit=limit):
+        try:
+            action, order = rt.journal.resume_microvm_run(run_id=run_id, now=now, stale_after=stale_after,
+                                                          boot_lease=stale_after)
+        except PalError:
+            log.exception("sweep: resuming microVM run %s failed; the next pass retries", run_id)
+            continue
+        decided[run_id] = str(action)
+        if order is not None:
+            rt.publish_vm(order.vm_id)
+            log.info("sweep: microVM run %s resumed in VM %s (attempt %d)", run_id, order.vm_id,
+                     order.attempt)
+        elif action is ResumeAction.EXHAUSTED:
+            log.warning("sweep: microVM run %s failed: microvm_resume_exhausted", run_id)
+    return decided
+
+
+def spawn_vm(rt: Runtime, vm_id: str) -> str:
+    """The VM queue's task on a VM host: take the pending VM, make its report token (only its hash
+    is stored), and start the harness through the VM's driver."""
+    token = secrets.token_urlsafe(32)
+    order = rt.journal.take_vm(vm_id=vm_id, host=socket.gethostname(), token_hash=token_hash(token),
+                               now=utcnow())
+    if order is None:
+        return "not pending"  # a duplicate message, or reconciled meanwhile
+    try:
+        pid = driver_of(str(order.spec.get("driver", "namespace")), rt.settings).spawn(
+            order, token, workdir=work_directory(rt, order))
+    except (DriverError, OSError) as exc:
+        log.exception("VM %s of run %s did not start", vm_id, order.run_id)
+        rt.journal.vm_failed_to_start(vm_id=vm_id, error=str(exc), now=utcnow())
+        return "failed"
+    rt.journal.vm_started(vm_id=vm_id, pid=pid, now=utcnow())
+    log.info("VM %s (attempt %d) of run %s started: pid %d", vm_id, order.attempt, order.run_id, pid)
+    return "started"
+
+
+def work_directory(rt: Runtime, order: VmOrder) -> Path:
+    """The run's work directory on this host: its `workdir`, under PAL_VM_ROOT (validated relative)."""
+    root = Path(rt.settings.vm_root).resolve()
+    path = (root / str(order.spec["workdir"])).resolve()
+    if root not in path.parents and path != root:
+        raise DriverError(f"workdir {order.spec['workdir']!r} leaves PAL_VM_ROOT")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def report(rt: Runtime, token: str | None, body: Any) -> dict[str, Any]:
+    """One report of a harness (`POST /v1/runtime/report`). Refused (nothing written) for a token
+    of no VM, of a finished VM or run, or of a VM whose lease was taken over; InputError for a
+    malformed body."""
+    vm = rt.journal.vm_by_token(token_hash(token)) if token else None
+    if vm is None or not VmState(vm.state).live:
+        raise Refused(UNKNOWN_VM)
+    if not isinstance(body, Mapping) or body.get("type") not in ("heartbeat", "step", "resume", "exit"):
+        raise InputError("a report is an object whose 'type' is heartbeat, step, resume or exit")
+    fence = Fence(vm.run_id, vm.generation, f"vm:{vm.id}", utcnow(), 2 * rt.settings.lease_ttl)
+    kind = body["type"]
+    if kind == "exit":
+        code = body.get("code")
+        if isinstance(code, bool) or not isinstance(code, int):
+            raise InputError("an exit report needs an integer 'code'")
+        output = _checked_output(rt, body.get("output"))
+        if not rt.journal.vm_exited(vm, fence, code=code, output=output):
+            raise Refused(UNKNOWN_VM)
+        return {"ok": True}
+    step = _step_of(rt, body) if kind == "step" else None
+    if not rt.journal.vm_report(vm, fence, step=step):
+        raise Refused(UNKNOWN_VM)
+    if kind == "resume":
+        return {"ok": True, "attempt": vm.attempt, "steps": dict(rt.journal.completed_outputs(vm.run_id))}
+    return {"ok": True}
+
+
+def _step_of(rt: Runtime, body: Mapping[str, Any]) -> tuple[str, str, Any]:
+    step_id, event = body.get("step_id"), body.get("event")
+    if not isinstance(step_id, str) or not _STEP_ID.fullmatch(step_id):
+        raise InputError("'step_id' must be 1-200 letters, digits and _ . : - [ ], starting with a letter, "
+                         "digit or _")
+    if event not in _EVENTS:
+        raise InputError(f"'event' must be one of {', '.join(_EVENTS)}")
+    detail = _checked_output(rt, body.get("output")) if event == "completed" else body.get("error", "")
+    return step_id, str(event), detail
+
+
+def _checked_output(rt: Runtime, output: Any) -> Any:
+    problem = depth_problem(output, rt.settings.max_json_depth, "the step's output")
+    if problem:
+        raise InputError(problem)
+    size = len(json.dumps(output).encode())
+    if size > rt.settings.max_output_bytes:
+        raise InputError(f"the step's output is {size} bytes, over the limit of "
+                         f"{rt.settings.max_output_bytes} (PAL_MAX_OUTPUT_BYTES)")
+    return output
+
+
+def vms_of(rt: Runtime, run_id: str) -> list[VmRecord]:
+    return rt.journal.vms(run_id)

@@ -1,0 +1,196 @@
+"""`python -m pal.harness`: a VM's supervisor (docs/isolated-tier.md).
+
+Started by a VM driver with the VM's id, report token and control-plane URL in its environment, it
+- starts the workload (`PAL_VM_COMMAND`) in the driver's sandbox, in the VM's work directory, with
+  `PAL_RESUME` (1 on a resume) and `PAL_HARNESS_SOCKET`, and never with the token;
+- serves the workload's SDK (`pal.sdk`) on that Unix socket: the saved outputs of completed steps,
+  and step events, which it reports to `POST /v1/runtime/report`;
+- sends heartbeats, which renew the run's lease;
+- reports the workload's exit.
+Reports are retried while the control plane is briefly unreachable (the workload keeps running);
+the journal de-duplicates them (a step completes once). A refusal means this VM no longer holds the
+run (an earlier attempt's VM, a finished run): the harness then stops the workload and exits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+_RETRY_FOR_S = 60.0  # how long a report is retried while the control plane is unreachable
+_PR_SET_PDEATHSIG = 1
+
+# The namespace sandbox's first process: every mount read-only, then the work directory bound
+# writable over it, a fresh sysfs for the new network namespace, and the workload exec'd as PID 1.
+_SANDBOX = r"""
+set -e
+W="$1"; shift
+mount --make-rprivate /
+for m in $(awk '{print $2}' /proc/self/mounts | sort -u); do
+  mount -o remount,bind,ro "$m" 2>/dev/null || true
+done
+mount --bind "$W" "$W"
+mount -o remount,bind,rw "$W"
+mount -t sysfs sysfs /sys 2>/dev/null || true
+cd "$W"
+exec "$@"
+"""
+
+
+class Refused(Exception):
+    """The control plane refused a report: this VM does not hold the run any more."""
+
+
+class ControlPlane:
+    def __init__(self, url: str, token: str) -> None:
+        self._url = url.rstrip("/") + "/v1/runtime/report"
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._http = httpx.Client(timeout=10.0)
+
+    def report(self, body: dict[str, Any]) -> dict[str, Any]:
+        deadline = time.monotonic() + _RETRY_FOR_S
+        delay = 0.2
+        while True:
+            try:
+                reply = self._http.post(self._url, json=body, headers=self._headers)
+            except httpx.TransportError:
+                reply = None
+            if reply is not None and reply.status_code < 500:
+                if reply.status_code in (401, 403, 409):
+                    raise Refused(reply.text)
+                if reply.status_code >= 400:
+                    raise ValueError(reply.text)
+                answer: dict[str, Any] = reply.json()
+                return answer
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"the control plane at {self._url} did not answer for "
+                                      f"{_RETRY_FOR_S:g}s")
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def _die_with_parent() -> None:
+    """In the sandbox's `unshare`, before it execs: it gets SIGKILL when the harness dies."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def sandboxed(command: list[str], workdir: Path) -> list[str]:
+    if os.environ.get("PAL_VM_SANDBOX") != "namespace":
+        return command
+    return ["unshare", "--pid", "--fork", "--net", "--mount", "--ipc", "--uts", "--mount-proc",
+            "--kill-child=SIGKILL", "sh", "-c", _SANDBOX, "pal-sandbox", str(workdir), *command]
+
+
+class Harness:
+    def __init__(self) -> None:
+        env = os.environ
+        self.vm_id = env["PAL_VM_ID"]
+        self.workdir = Path(env["PAL_VM_WORKDIR"])
+        self.command: list[str] = json.loads(env["PAL_VM_COMMAND"])
+        self.user_env: dict[str, str] = json.loads(env.get("PAL_VM_ENV", "{}"))
+        self.resume = env.get("PAL_RESUME") == "1"
+        self.interval = max(float(env.get("PAL_LEASE_TTL", "30")) / 3, 0.2)
+        self.control = ControlPlane(env["PAL_CONTROL_URL"], env["PAL_VM_TOKEN"])
+        self.socket_path = self.workdir / ".pal" / "harness.sock"
+        self.output: Any = None
+        self.workload: subprocess.Popen[bytes] | None = None
+        self.stopped = threading.Event()
+
+    def run(self) -> int:
+        self.control.report({"type": "heartbeat"})
+        server = self._serve()
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self.user_env,
+               "PAL_RESUME": "1" if self.resume else "0", "PAL_HARNESS_SOCKET": str(self.socket_path),
+               "HOME": str(self.workdir)}
+        # Started before any thread of the harness: preexec_fn is safe only in a single-threaded parent.
+        self.workload = subprocess.Popen(sandboxed(self.command, self.workdir), env=env, cwd=self.workdir,
+                                         preexec_fn=_die_with_parent)
+        threading.Thread(target=self._accept, args=(server,), name="sdk", daemon=True).start()
+        threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+        code = self.workload.wait()
+        self.stopped.set()
+        server.close()
+        if code < 0:
+            code = 128 - code  # killed by a signal: the shell's convention
+        try:
+            self.control.report({"type": "exit", "code": code, "output": self.output})
+        except (Refused, ConnectionError) as exc:
+            print(f"harness: the exit was not reported: {exc}", file=sys.stderr)
+        return code
+
+    def _stop_workload(self, why: str) -> None:
+        print(f"harness: stopping the workload: {why}", file=sys.stderr)
+        if self.workload is not None and self.workload.poll() is None:
+            self.workload.kill()
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                self.control.report({"type": "heartbeat"})
+            except Refused as exc:
+                self._stop_workload(f"the control plane refused a heartbeat: {exc}")
+                return
+            except (ConnectionError, ValueError) as exc:
+                print(f"harness: heartbeat: {exc}", file=sys.stderr)
+
+    def _serve(self) -> socket.socket:
+        self.socket_path.parent.mkdir(mode=0o700, exist_ok=True)
+        self.socket_path.unlink(missing_ok=True)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(self.socket_path))
+        server.listen(8)
+        return server
+
+    def _accept(self, server: socket.socket) -> None:
+        while not self.stopped.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+
+    def _session(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rwb") as stream:
+            for line in stream:
+                try:
+                    answer = self._answer(json.loads(line))
+                except Refused as exc:
+                    answer = {"ok": False, "error": f"refused: {exc}"}
+                    self._stop_workload("the control plane refused a step report")
+                except (ValueError, ConnectionError, KeyError, TypeError) as exc:
+                    answer = {"ok": False, "error": str(exc)}
+                stream.write(json.dumps(answer).encode() + b"\n")
+                stream.flush()
+
+    def _answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request["op"]
+        if op == "completed":
+            return self.control.report({"type": "resume"})
+        if op == "step":
+            return self.control.report({"type": "step", "step_id": request["step_id"],
+                                        "event": request["event"], "output": request.get("output"),
+                                        "error": request.get("error")})
+        if op == "output":
+            self.output = request.get("output")
+            return {"ok": True}
+        raise ValueError(f"unknown op {op!r}")
+
+
+def main() -> int:
+    return Harness().run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

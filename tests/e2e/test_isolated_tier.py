@@ -1,0 +1,129 @@
+"""The isolated tier for real, with the `namespace` driver: a `pal api` control plane, a
+`pal worker --vm-host` that spawns VMs, beat's sweep. A workload of four SDK steps whose VM is
+SIGKILLed during step 3 is resumed in a second VM with PAL_RESUME=1 that reads steps 1 and 2 back;
+a workload that always crashes ends `microvm_resume_exhausted` after 3 VMs; isolation is asserted
+from inside the sandbox, in each VM (docs/isolated-tier.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pal.cli.demo import wait_until
+from tests.support.api_server import Api
+from tests.support.processes import Processes
+
+AGENT = """
+import json, os, socket, sys, time
+from pal import sdk
+
+seen = {"pid": os.getpid(), "interfaces": sorted(name for _, name in socket.if_nameindex())}
+try:
+    socket.create_connection(("127.0.0.1", 5432), timeout=2).close()
+    seen["postgres"] = "reachable"
+except OSError as exc:
+    seen["postgres"] = type(exc).__name__
+try:
+    with open(os.environ["OUTSIDE"], "w") as f:
+        f.write("escaped")
+    seen["outside"] = "written"
+except OSError as exc:
+    seen["outside"] = exc.strerror
+with open(f"seen-{os.environ['PAL_RESUME']}.json", "w") as f:
+    json.dump(seen, f)
+
+def note(line):
+    with open("ledger.txt", "a") as ledger:
+        ledger.write(line + "\\n")
+
+for i in (1, 2, 3, 4):
+    def body(i=i):
+        note(f"s{i} resume={os.environ['PAL_RESUME']}")
+        if i == 3 and not sdk.is_resume():
+            open("in-step-3", "w").close()
+            time.sleep(120)  # the test kills the VM here
+        return {"i": i, "square": i * i}
+    got = sdk.run_step(f"s{i}", body)
+    assert got == {"i": i, "square": i * i}, got
+sdk.set_output({"steps": 4})
+"""
+
+
+
+@pytest.fixture
+def vm_host(api: Api, processes: Processes, tmp_path: Path) -> Iterator[tuple[Api, Path]]:
+    """A VM host worker reporting to the api fixture's control plane, and beat."""
+    root = tmp_path / "vm-root"
+    root.mkdir()
+    processes.start(["worker", "--pool", "solo", "--vm-host", "--loglevel", "INFO"], "vmhost.log",
+                    PAL_CONTROL_URL=api.url, PAL_VM_ROOT=str(root))
+    processes.beat()
+    yield api, root
+    for run in api.client.list_runs(limit=50):  # harnesses run in sessions of their own
+        for vm in api.client.runtime.journal.vms(run.id):
+            if vm.pid:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(vm.pid, signal.SIGKILL)
+
+
+def microvm(workdir: str, *command: str, **env: str) -> dict[str, Any]:
+    return {"kind": "microvm", "command": list(command), "workdir": workdir, "env": env}
+
+
+def test_a_vm_killed_in_step_3_resumes_in_a_second_vm_that_skips_steps_1_and_2(
+        vm_host: tuple[Api, Path], tmp_path: Path) -> None:
+    api, root = vm_host
+    client = api.client
+    work = root / "agent"
+    work.mkdir()
+    (work / "agent.py").write_text(AGENT)
+    outside = tmp_path / "outside.txt"
+    run_id = client.start_run(microvm("agent", sys.executable, "agent.py", OUTSIDE=str(outside)), {})
+    assert wait_until(lambda: (work / "in-step-3").exists(), timeout=60), _logs(work)
+    [first] = client.runtime.journal.vms(run_id)
+    assert first.state == "running" and first.pid
+    os.killpg(first.pid, signal.SIGKILL)  # the whole VM: harness, sandbox, workload
+    run = client.wait(run_id, timeout=120)
+    assert run.status == "succeeded", (run.error, _logs(work))
+    assert run.output == {"steps": 4}
+    ledger = (work / "ledger.txt").read_text().splitlines()
+    assert ledger == ["s1 resume=0", "s2 resume=0", "s3 resume=0", "s3 resume=1", "s4 resume=1"]
+    vms = client.runtime.journal.vms(run_id)
+    assert [(v.attempt, v.state) for v in vms] == [(1, "terminated"), (2, "terminated")]
+    events = client.events(run_id)
+    completed = [e.step_id for e in events if e.kind == "step_completed"]
+    assert completed == ["s1", "s2", "s3", "s4"]  # each once, across both VMs
+    assert any(e.kind == "run_recovered" for e in events)
+    assert client.runtime.journal.violations() == []
+    # Isolation, asserted from inside, in each VM.
+    for resume in ("0", "1"):
+        seen = json.loads((work / f"seen-{resume}.json").read_text())
+        assert seen["pid"] == 1  # PID 1 of its own tree
+        assert seen["interfaces"] == ["lo"]  # only loopback
+        assert seen["postgres"] != "reachable"  # the host's services are out of reach
+        assert seen["outside"] == "Read-only file system"  # nothing written outside its work directory
+    assert not outside.exists()
+
+
+def test_a_workload_that_always_crashes_is_exhausted_after_three_vms(vm_host: tuple[Api, Path]) -> None:
+    api, _ = vm_host
+    client = api.client
+    run_id = client.start_run(microvm("crasher", sys.executable, "-c", "raise SystemExit(3)"), {})
+    run = client.wait(run_id, timeout=120)
+    assert run.status == "failed" and run.error["code"] == "microvm_resume_exhausted"
+    assert run.error["attempts"] == 3
+    assert [(v.attempt, v.exit_code) for v in client.runtime.journal.vms(run_id)] == [(1, 3), (2, 3), (3, 3)]
+    assert [e.kind for e in client.events(run_id)].count("run_failed") == 1
+
+
+def _logs(work: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted((work / ".pal").glob("*.log"))) \
+        if (work / ".pal").exists() else "(no harness log)"
