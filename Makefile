@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench soak clean browser
+.PHONY: demo test test-qemu lint typecheck unit bench soak clean browser vm-guest
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,9 +18,22 @@ demo: $(STAMP)
 test: $(STAMP) lint typecheck browser
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# The qemu-microvm crash-resume test, apart from `make test` while it is flaky (docs/isolated-tier.md).
+test-qemu: $(STAMP) vm-guest
+	$(BIN)/pytest -m qemu tests/e2e/test_isolated_tier.py
+
 # The dashboard test drives Debian's Chromium through Playwright (never a downloaded browser).
 browser:
 	@command -v chromium >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
+# The qemu-microvm driver's host tools and guest (docs/isolated-tier.md): Debian's qemu, and a
+# kernel and initrd built from Debian packages by pal.vms.guest_image, under .venv/vm-guest.
+VM_GUEST := $(VENV)/vm-guest
+vm-guest: $(VM_GUEST)/initrd.img
+
+$(VM_GUEST)/initrd.img: $(STAMP) src/pal/vms/guest_image.py
+	@command -v qemu-system-x86_64 >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends qemu-system-x86; }
+	$(BIN)/python -m pal.vms.guest_image $(VM_GUEST)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench beat_schedule.py

@@ -41,6 +41,12 @@ PAL_CONTROL_URL          where VM harnesses report, the control plane's URL (def
 PAL_VM_QUEUE             the Celery queue of VM spawns, consumed by `pal worker --vm-host` (default pal-vm)
 PAL_VM_ROOT              the folder holding microVM runs' work directories on a VM host
                          (default $PAL_HOME/vm-work; docs/isolated-tier.md)
+PAL_VM_GUEST             the qemu-microvm guest's folder: vmlinuz and initrd.img (default
+                         $PAL_HOME/vm-guest; `make vm-guest` builds it under .venv/vm-guest)
+PAL_VM_ACCEL             kvm | tcg: how qemu-microvm runs its guests (default kvm; tcg emulates)
+PAL_FIRECRACKER_BIN      the firecracker binary of a VM host (default firecracker)
+PAL_FIRECRACKER_KERNEL   the guest kernel the firecracker driver boots
+PAL_FIRECRACKER_ROOTFS   the guest's read-only root filesystem image
 PAL_CONFIDENCE_GATE      off | shadow | enforce: the confidence gate of nodes with a `confidence`
                          block (default off; docs/anomalies.md, "The confidence gate")
 PAL_SECRET_<NAME>        the value of graph secret NAME, winning over the file; NAME matches
@@ -134,6 +140,12 @@ class Settings:
     control_url: str = "http://127.0.0.1:8000"  # PAL_CONTROL_URL
     vm_queue: str = "pal-vm"  # PAL_VM_QUEUE
     vm_root: str = ""  # PAL_VM_ROOT ("" before load_settings fills in $PAL_HOME/vm-work)
+    vm_guest: str = ""  # PAL_VM_GUEST
+    vm_accel: str = "kvm"  # PAL_VM_ACCEL
+    firecracker_bin: str = "firecracker"  # PAL_FIRECRACKER_BIN
+    firecracker_kernel: str = ""  # PAL_FIRECRACKER_KERNEL
+    firecracker_rootfs: str = ""  # PAL_FIRECRACKER_ROOTFS
+    firecracker_mem_mib: int = 512
 
     @property
     def is_embedded_broker(self) -> bool:
@@ -272,7 +284,19 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         control_url=env.get("PAL_CONTROL_URL", "").strip() or "http://127.0.0.1:8000",
         vm_queue=env.get("PAL_VM_QUEUE", "").strip() or "pal-vm",
         vm_root=str(Path(env.get("PAL_VM_ROOT", "").strip() or home / "vm-work").absolute()),
+        vm_guest=str(Path(env.get("PAL_VM_GUEST", "").strip() or home / "vm-guest").absolute()),
+        vm_accel=_choice(env, "PAL_VM_ACCEL", ("kvm", "tcg")),
+        firecracker_bin=env.get("PAL_FIRECRACKER_BIN", "").strip() or "firecracker",
+        firecracker_kernel=env.get("PAL_FIRECRACKER_KERNEL", "").strip(),
+        firecracker_rootfs=env.get("PAL_FIRECRACKER_ROOTFS", "").strip(),
     )
+
+
+def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str:
+    value = env.get(name, "").strip().lower() or allowed[0]
+    if value not in allowed:
+        raise ConfigError(f"{name}={env.get(name)!r} must be one of {', '.join(allowed)}")
+    return value
 
 
 def _gate_mode(raw: str) -> GateMode:

@@ -87,10 +87,34 @@ def _die_with_parent() -> None:
 
 
 def sandboxed(command: list[str], workdir: Path) -> list[str]:
+    """The namespace sandbox around `command` (PAL_VM_SANDBOX=namespace), else `command` itself."""
     if os.environ.get("PAL_VM_SANDBOX") != "namespace":
         return command
     return ["unshare", "--pid", "--fork", "--net", "--mount", "--ipc", "--uts", "--mount-proc",
             "--kill-child=SIGKILL", "sh", "-c", _SANDBOX, "pal-sandbox", str(workdir), *command]
+
+
+def microvm(workdir: Path, socket_path: Path, attempt: str) -> list[str]:
+    """A KVM microVM booted from the guest of pal.vms.guest_image: the host's root read-only and the
+    work directory writable over 9p, the SDK's channel a virtio-serial port (`pal`) connected to
+    the harness's socket, no network device at all, 512 MiB, one vCPU, gone at its reboot; on KVM
+    unless PAL_VM_ACCEL says tcg."""
+    guest = Path(os.environ["PAL_VM_GUEST"])
+    console = workdir / ".pal" / f"console-{attempt}.log"
+    accel = os.environ.get("PAL_VM_ACCEL", "kvm")  # tcg: emulated, where KVM cannot run a guest
+    cpu = "host" if accel == "kvm" else "max"
+    return ["qemu-system-x86_64", "-M", f"microvm,accel={accel}", "-cpu", cpu, "-m", "512", "-smp", "1",
+            "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+            "-kernel", str(guest / "vmlinuz"), "-initrd", str(guest / "initrd.img"),
+            "-append", f"console=ttyS0 panic=-1 quiet pal.workdir={workdir} pal.python={sys.executable}",
+            "-serial", f"file:{console}",
+            "-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap",
+            "-device", "virtio-9p-device,fsdev=hostroot,mount_tag=hostroot",
+            "-fsdev", f"local,id=work,path={workdir},security_model=none",
+            "-device", "virtio-9p-device,fsdev=work,mount_tag=work",
+            "-device", "virtio-serial-device",
+            "-chardev", f"socket,id=pal,path={socket_path}",
+            "-device", "virtserialport,chardev=pal,name=pal"]
 
 
 class Harness:
@@ -115,20 +139,36 @@ class Harness:
                "PAL_RESUME": "1" if self.resume else "0", "PAL_HARNESS_SOCKET": str(self.socket_path),
                "HOME": str(self.workdir)}
         # Started before any thread of the harness: preexec_fn is safe only in a single-threaded parent.
-        self.workload = subprocess.Popen(sandboxed(self.command, self.workdir), env=env, cwd=self.workdir,
+        self.workload = subprocess.Popen(self._launch(), env=env, cwd=self.workdir,
                                          preexec_fn=_die_with_parent)
         threading.Thread(target=self._accept, args=(server,), name="sdk", daemon=True).start()
         threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
         code = self.workload.wait()
         self.stopped.set()
         server.close()
-        if code < 0:
+        if self.in_microvm:  # the guest's /init wrote the workload's own exit code
+            exit_file = self.workdir / ".pal" / "exit-code"
+            code = int(exit_file.read_text().strip() or 1) if exit_file.exists() else 137
+        elif code < 0:
             code = 128 - code  # killed by a signal: the shell's convention
         try:
             self.control.report({"type": "exit", "code": code, "output": self.output})
         except (Refused, ConnectionError) as exc:
             print(f"harness: the exit was not reported: {exc}", file=sys.stderr)
         return code
+
+    @property
+    def in_microvm(self) -> bool:
+        return os.environ.get("PAL_VM_SANDBOX") == "qemu-microvm"
+
+    def _launch(self) -> list[str]:
+        if not self.in_microvm:
+            return sandboxed(self.command, self.workdir)
+        # What the guest's launcher runs, handed over through the work directory.
+        (self.workdir / ".pal" / "exit-code").unlink(missing_ok=True)
+        (self.workdir / ".pal" / "launch.json").write_text(json.dumps(
+            {"command": self.command, "env": self.user_env, "resume": self.resume}))
+        return microvm(self.workdir, self.socket_path, os.environ.get("PAL_VM_ATTEMPT", "1"))
 
     def _stop_workload(self, why: str) -> None:
         print(f"harness: stopping the workload: {why}", file=sys.stderr)

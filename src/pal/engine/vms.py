@@ -27,7 +27,8 @@ from pal.core.vms import ResumeAction, VmState
 from pal.engine.runtime import Runtime
 from pal.errors import InputError, PalError, Refused
 from pal.storage.vms import VmOrder, VmRecord
-from pal.vms import DriverError, driver_of
+from pal.vms import DriverError
+from pal.vms.drivers import driver_of
 
 log = logging.getLogger(__name__)
 
