@@ -44,7 +44,7 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-# The soak alone, for longer: make soak DURATION=10m [SEED=123] (make test runs it for 45 s).
+# The soak alone, for longer: make soak DURATION=10m [SEED=123] (make test runs it for 30 s).
 DURATION ?= 45s
 soak: $(STAMP)
 	PAL_SOAK_DURATION=$(DURATION) PAL_SOAK_SEED=$(SEED) $(BIN)/pytest -s tests/soak

@@ -2,7 +2,7 @@
 and restarts Postgres once; at the end every run is terminal, `pal doctor` is clean, and no effect
 that PAL promises to make once happened twice.
 
-Bounded: PAL_SOAK_DURATION of chaos (default 45s, about a minute in all; `make soak DURATION=10m`),
+Bounded: PAL_SOAK_DURATION of chaos (default 30s, under a minute in all; `make soak DURATION=10m`),
 PAL_SOAK_RUNS runs per 45 s of it (default 200), then a bounded wait for the last runs. PAL_SOAK_SEED replays a failure:
 the seed is printed first, and it decides the kill times, which worker dies, and the inputs.
 """
@@ -105,7 +105,7 @@ def _chaos_step(rng: random.Random, procs: Processes, workers: dict[str, subproc
 
 def test_soak_under_sigkill_redis_flush_and_postgres_restart(
         soak_backend: Backend, tmp_path: Path, pg_admin: sa.Engine) -> None:
-    duration = parse_go_duration(os.environ.get("PAL_SOAK_DURATION", "45s"))
+    duration = parse_go_duration(os.environ.get("PAL_SOAK_DURATION", "30s"))
     per_default = int(os.environ.get("PAL_SOAK_RUNS", "200"))
     seed = int(os.environ.get("PAL_SOAK_SEED") or random.SystemRandom().randrange(1, 2**31))
     total = max(1, round(per_default * duration / 45))
