@@ -29,6 +29,8 @@ from typing import Any
 import httpx
 
 _RETRY_FOR_S = 60.0  # how long a report is retried while the control plane is unreachable
+BOOT_WAIT_S = 20.0  # a microVM that printed nothing by then is stopped
+EXIT_WAIT_S = 5.0  # a microVM whose workload ended is stopped if it has not powered off by then
 _PR_SET_PDEATHSIG = 1
 
 # The namespace sandbox's first process: every mount read-only, then the work directory bound
@@ -46,6 +48,11 @@ mount -t sysfs sysfs /sys 2>/dev/null || true
 cd "$W"
 exec "$@"
 """
+
+
+def say(line: str) -> None:
+    """One line of the harness's log (its stderr, the work directory's .pal/harness-N.log)."""
+    print(f"{time.strftime('%H:%M:%S')} harness: {line}", file=sys.stderr, flush=True)
 
 
 class Refused(Exception):
@@ -97,7 +104,7 @@ def sandboxed(command: list[str], workdir: Path) -> list[str]:
 def microvm(workdir: Path, socket_path: Path, attempt: str) -> list[str]:
     """A KVM microVM booted from the guest of pal.vms.guest_image: the host's root read-only and the
     work directory writable over 9p, the SDK's channel a virtio-serial port (`pal`) connected to
-    the harness's socket, no network device at all, 512 MiB, one vCPU, gone at its reboot; on KVM
+    the harness's socket, no network device at all, 512 MiB, one vCPU, gone when it powers off; on KVM
     unless PAL_VM_ACCEL says tcg."""
     guest = Path(os.environ["PAL_VM_GUEST"])
     console = workdir / ".pal" / f"console-{attempt}.log"
@@ -141,9 +148,13 @@ class Harness:
         # Started before any thread of the harness: preexec_fn is safe only in a single-threaded parent.
         self.workload = subprocess.Popen(self._launch(), env=env, cwd=self.workdir,
                                          preexec_fn=_die_with_parent)
+        say(f"VM {self.vm_id}: workload started (pid {self.workload.pid}, resume {int(self.resume)})")
         threading.Thread(target=self._accept, args=(server,), name="sdk", daemon=True).start()
         threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+        if self.in_microvm:
+            threading.Thread(target=self._watch_microvm, name="watchdog", daemon=True).start()
         code = self.workload.wait()
+        say(f"VM {self.vm_id}: workload ended ({code})")
         self.stopped.set()
         server.close()
         if self.in_microvm:  # the guest's /init wrote the workload's own exit code
@@ -153,8 +164,9 @@ class Harness:
             code = 128 - code  # killed by a signal: the shell's convention
         try:
             self.control.report({"type": "exit", "code": code, "output": self.output})
+            say(f"VM {self.vm_id}: exit {code} reported")
         except (Refused, ConnectionError) as exc:
-            print(f"harness: the exit was not reported: {exc}", file=sys.stderr)
+            say(f"the exit was not reported: {exc}")
         return code
 
     @property
@@ -170,8 +182,24 @@ class Harness:
             {"command": self.command, "env": self.user_env, "resume": self.resume}))
         return microvm(self.workdir, self.socket_path, os.environ.get("PAL_VM_ATTEMPT", "1"))
 
+    def _watch_microvm(self) -> None:
+        """qemu (7.2, emulated) now and then neither boots nor exits: a VM whose console stays empty
+        for BOOT_WAIT_S is stopped (it ends as a failed VM, and the sweep starts the next one); one
+        whose guest recorded its exit code is given EXIT_WAIT_S to leave, then stopped."""
+        state = self.workdir / ".pal"
+        console = state / f"console-{os.environ.get('PAL_VM_ATTEMPT', '1')}.log"
+        started = time.monotonic()
+        while not self.stopped.wait(0.5):
+            if not (console.exists() and console.stat().st_size) and time.monotonic() - started > BOOT_WAIT_S:
+                self._stop_workload(f"the microVM printed nothing in {BOOT_WAIT_S:g}s")
+                return
+            if (state / "exit-code").exists():
+                if not self.stopped.wait(EXIT_WAIT_S):
+                    self._stop_workload(f"the microVM did not power off {EXIT_WAIT_S:g}s after its workload")
+                return
+
     def _stop_workload(self, why: str) -> None:
-        print(f"harness: stopping the workload: {why}", file=sys.stderr)
+        say(f"stopping the workload: {why}")
         if self.workload is not None and self.workload.poll() is None:
             self.workload.kill()
 
@@ -183,7 +211,7 @@ class Harness:
                 self._stop_workload(f"the control plane refused a heartbeat: {exc}")
                 return
             except (ConnectionError, ValueError) as exc:
-                print(f"harness: heartbeat: {exc}", file=sys.stderr)
+                say(f"heartbeat: {exc}")
 
     def _serve(self) -> socket.socket:
         self.socket_path.parent.mkdir(mode=0o700, exist_ok=True)

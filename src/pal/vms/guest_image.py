@@ -39,21 +39,22 @@ for m in $(cat /modules.load); do
 done
 mkdir -p /host
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose hostroot /host \
-  || { echo "pal-init: no host root"; reboot -f; }
+  || { echo "pal-init: no host root"; poweroff -f; }
 for arg in $(cat /proc/cmdline); do case "$arg" in pal.workdir=*) W="${arg#pal.workdir=}";; esac; done
 mount -t proc proc /host/proc
 mount -t sysfs sysfs /host/sys
 mount -t devtmpfs devtmpfs /host/dev
 mount -t tmpfs tmpfs /host/tmp
 mkdir -p "/host$W" 2>/dev/null
-mount -t 9p -o trans=virtio,version=9p2000.L work "/host$W" || { echo "pal-init: no work share"; reboot -f; }
+mount -t 9p -o trans=virtio,version=9p2000.L work "/host$W" \
+  || { echo "pal-init: no work share"; poweroff -f; }
 PORT=""
 for p in /sys/class/virtio-ports/*; do [ "$(cat "$p/name")" = pal ] && PORT="/dev/$(basename "$p")"; done
 PY=$(for arg in $(cat /proc/cmdline); do case "$arg" in pal.python=*) echo "${arg#pal.python=}";; esac; done)
 chroot /host "$PY" -m pal.vms.guest_init "$W" "$PORT"
 echo $? > "/host$W/.pal/exit-code"
 sync
-reboot -f
+poweroff -f
 """
 
 
