@@ -48,3 +48,12 @@ def test_a_good_document_has_no_problems() -> None:
 def test_a_hostile_document_is_refused_by_name(change: dict[str, Any], fragment: str) -> None:
     problems = microvm_problems(GOOD | change)
     assert any(fragment in p for p in problems), problems
+
+
+def test_the_vm_settings_refuse_a_bad_accelerator_by_name() -> None:
+    from pal.config import load_settings
+    from pal.errors import ConfigError
+
+    assert load_settings({}).vm_accel == "kvm" and load_settings({"PAL_VM_ACCEL": "TCG"}).vm_accel == "tcg"
+    with pytest.raises(ConfigError, match="PAL_VM_ACCEL='hvf' must be one of kvm, tcg"):
+        load_settings({"PAL_VM_ACCEL": "hvf"})

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from pal.core.records import Event, RunRecord
+from pal.core.step_log import DECIDED_WAITS, RESUMING_WAITS
 
 # Events after which newly ready steps are dispatched: a step's queue wait starts at the last one.
 _DISPATCHING = ("run_queued", "step_completed", "run_recovered", "approval_decided", "step_retrying")
@@ -134,10 +135,10 @@ def _apply(row: StepRow, event: Event, t: float) -> None:
         row.waiting_for = {"subagent": "child", "budget": "budget", "confidence": "confidence"}.get(
             str(kind), "approval")
         row.child_run_id = event.payload.get("child_run_id")
-        row.pending_approval = kind in ("approval", "budget", "confidence")
+        row.pending_approval = kind in DECIDED_WAITS
         row.approval_hash = event.payload.get("approval_hash")
     elif event.kind == "approval_decided":
         row.pending_approval = False
-        if event.payload.get("kind") in ("budget", "confidence") and row.status == "waiting":
+        if event.payload.get("kind") in RESUMING_WAITS and row.status == "waiting":
             # an approved pause: the wait ends here and the step runs on
             row.wait_s, row.status = round(t - started - row.run_s, 4), "running"

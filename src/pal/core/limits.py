@@ -10,6 +10,7 @@ template is bounded by the budget of its render (RenderBudget), which the templa
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, ItemsView, Iterator, KeysView, Mapping, ValuesView
 from contextlib import contextmanager
@@ -39,6 +40,17 @@ def json_depth(value: Any, stop_after: int) -> int:
             return deepest
         stack.extend((child, depth + 1) for child in children)
     return deepest
+
+
+def output_problem(output: Any, max_bytes: int, max_depth: int) -> str | None:
+    """Why a step's output may not be journaled (too deep, too big, PAL_MAX_*), else None."""
+    problem = depth_problem(output, max_depth, "the step's output")
+    if problem:
+        return problem
+    size = len(json.dumps(output).encode())
+    if size > max_bytes:
+        return f"the step's output is {size} bytes, over the limit of {max_bytes} (PAL_MAX_OUTPUT_BYTES)"
+    return None
 
 
 def depth_problem(value: Any, limit: int, what: str) -> str | None:

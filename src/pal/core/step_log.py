@@ -31,6 +31,7 @@ LOG_KINDS = (EventKind.STEP_COMPLETED, EventKind.STEP_RETRYING, EventKind.STEP_W
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _SPENDING = (EventKind.STEP_COMPLETED, EventKind.CONFIDENCE_EVALUATED)
 RESUMING_WAITS = ("budget", "confidence")  # waits that, approved, let the step itself run on
+DECIDED_WAITS = ("approval", *RESUMING_WAITS)  # what a person decides (a subagent waits for its child)
 
 
 @dataclass(frozen=True)

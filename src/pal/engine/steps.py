@@ -8,7 +8,6 @@ blocks a worker process.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pal.core import faults, retry
 from pal.core.budgets import Breach, OnBreach
 from pal.core.clock import utcnow
 from pal.core.failures import failure_payload
-from pal.core.limits import depth_problem
+from pal.core.limits import output_problem
 from pal.core.records import ClaimOutcome, Receipt, RunRecord
 from pal.core.redact import redact, redact_text
 from pal.core.secrets import scrub_known
@@ -79,13 +78,9 @@ class JournalReceipts:
 
 def _check_output(output: Any, settings: Settings) -> None:
     """A non-JSON, oversized or too deeply nested output fails the step here, not the journal later."""
-    problem = depth_problem(output, settings.max_json_depth, "the step's output")
+    problem = output_problem(output, settings.max_output_bytes, settings.max_json_depth)
     if problem:
         raise OutputTooLarge(problem)
-    size = len(json.dumps(output).encode())
-    if size > settings.max_output_bytes:
-        raise OutputTooLarge(f"the step's output is {size} bytes, over the limit of "
-                             f"{settings.max_output_bytes} (PAL_MAX_OUTPUT_BYTES)")
 
 
 def step_time_limit(data: Mapping[str, Any], settings: Settings) -> float:

@@ -10,7 +10,6 @@ won the lease), so it is taken once whoever else is sweeping.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 import secrets
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pal.core.clock import utcnow
-from pal.core.limits import depth_problem
+from pal.core.limits import output_problem
 from pal.core.records import Fence
 from pal.core.vms import ResumeAction, VmState
 from pal.engine.runtime import Runtime
@@ -139,13 +138,9 @@ def _step_of(rt: Runtime, body: Mapping[str, Any]) -> tuple[str, str, Any]:
 
 
 def _checked_output(rt: Runtime, output: Any) -> Any:
-    problem = depth_problem(output, rt.settings.max_json_depth, "the step's output")
+    problem = output_problem(output, rt.settings.max_output_bytes, rt.settings.max_json_depth)
     if problem:
         raise InputError(problem)
-    size = len(json.dumps(output).encode())
-    if size > rt.settings.max_output_bytes:
-        raise InputError(f"the step's output is {size} bytes, over the limit of "
-                         f"{rt.settings.max_output_bytes} (PAL_MAX_OUTPUT_BYTES)")
     return output
 
 

@@ -19,6 +19,7 @@ from pal.core.clock import utcnow
 from pal.core.confidence import LOW_CONFIDENCE
 from pal.core.failures import failure_payload
 from pal.core.records import Handoff, RunRecord
+from pal.core.step_log import DECIDED_WAITS, RESUMING_WAITS
 from pal.core.vocabulary import EventKind
 from pal.engine.gate import ConfidenceRejected
 from pal.engine.runtime import Runtime
@@ -30,9 +31,8 @@ from pal.storage.primitives import WAIT_RECHECK_SECONDS
 log = logging.getLogger(__name__)
 
 DECISIONS = ("approved", "rejected")
-# What a person decides (a subagent waits for its child): an approval node, a step past the budget,
-# an action the confidence gate diverted.
-DECIDED_KINDS = ("approval", "budget", "confidence")
+# What a person decides: an approval node, a step past the budget, an action the gate diverted.
+DECIDED_KINDS = DECIDED_WAITS
 
 
 class ChildRunFailed(StepError):
@@ -144,7 +144,7 @@ def decide(rt: Runtime, run_id: str, step_id: str, decision: str, *, by: str,
 
     detail = {"decision": decision, "by": by, "comment": comment,
               "approval_hash": pending.get("approval_hash")}
-    if kind in ("budget", "confidence"):
+    if kind in RESUMING_WAITS:
         detail["kind"] = kind
         event = (EventKind.APPROVAL_DECIDED, detail)
         if decision == "approved":
