@@ -92,7 +92,10 @@ class Backend:
             PAL_HOME=str(s.home), PAL_DATABASE_URL=s.database_url, PAL_BROKER_URL=s.broker_url,
             PAL_QUEUE=s.queue, PAL_BROKER_KEY_PREFIX=s.broker_key_prefix,
             PAL_LEASE_TTL=str(s.lease_ttl), PAL_TOOL_MODULES="tests.support.tools",
-            PAL_EGRESS_ALLOW=",".join(s.egress_allow), PYTHONPATH=str(REPO),
+            PAL_EGRESS_ALLOW=",".join(s.egress_allow),
+            # The checkout's own src first, so a git worktree's processes run its code, not the
+            # editable install's.
+            PYTHONPATH=os.pathsep.join((str(REPO / "src"), str(REPO))),
         )
         return env
 

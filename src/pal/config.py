@@ -49,6 +49,10 @@ PAL_FIRECRACKER_KERNEL   the guest kernel the firecracker driver boots
 PAL_FIRECRACKER_ROOTFS   the guest's read-only root filesystem image
 PAL_CONFIDENCE_GATE      off | shadow | enforce: the confidence gate of nodes with a `confidence`
                          block (default off; docs/anomalies.md, "The confidence gate")
+PAL_SIGNING_KEY          the Ed25519 key receipts of finished runs are signed with: base64 of its 32
+                         bytes or PEM (default none: receipts are off; `pal receipts keygen`)
+PAL_TRUSTED_KEYS         comma-separated public keys (base64) whose receipts still verify, e.g. keys
+                         retired by a rotation; published with the signing key's (docs/receipts.md)
 PAL_SECRET_<NAME>        the value of graph secret NAME, winning over the file; NAME matches
                          [A-Z][A-Z0-9_]*, a value has at least 8 characters (pal.core.secrets)
 
@@ -146,6 +150,8 @@ class Settings:
     firecracker_kernel: str = ""  # PAL_FIRECRACKER_KERNEL
     firecracker_rootfs: str = ""  # PAL_FIRECRACKER_ROOTFS
     firecracker_mem_mib: int = 512
+    signing_key: str = field(default="", repr=False)  # PAL_SIGNING_KEY, a secret: never in a repr
+    trusted_keys: tuple[str, ...] = ()  # PAL_TRUSTED_KEYS
 
     @property
     def is_embedded_broker(self) -> bool:
@@ -289,6 +295,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         firecracker_bin=env.get("PAL_FIRECRACKER_BIN", "").strip() or "firecracker",
         firecracker_kernel=env.get("PAL_FIRECRACKER_KERNEL", "").strip(),
         firecracker_rootfs=env.get("PAL_FIRECRACKER_ROOTFS", "").strip(),
+        signing_key=env.get("PAL_SIGNING_KEY", "").strip(),
+        trusted_keys=tuple(k.strip() for k in env.get("PAL_TRUSTED_KEYS", "").split(",") if k.strip()),
     )
 
 

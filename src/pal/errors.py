@@ -163,3 +163,7 @@ class TurnLimitReached(StepError):
 
     code = "turn_limit_reached"
     error_class = "llm"
+
+
+class ReceiptsOff(ConfigError):
+    """Receipts are off: PAL_SIGNING_KEY is not set."""

@@ -10,7 +10,7 @@ from pal.cli.demo import wait_until
 from pal.client import Client
 from pal.core.clock import utcnow
 from tests.conftest import Backend
-from tests.support.api_server import Api, free_port
+from tests.support.api_server import RECEIPT_ENV, Api, free_port
 from tests.support.processes import Processes
 
 
@@ -23,7 +23,14 @@ def processes(postgres_backend: Backend, tmp_path: Path) -> Iterator[Processes]:
 
 
 @pytest.fixture
-def api(processes: Processes, postgres_backend: Backend) -> Iterator[Api]:
+def api_env() -> dict[str, str]:
+    """Settings of the `api` fixture's server beyond its backend's: receipts on. A test changes
+    them by parametrizing `api_env`."""
+    return dict(RECEIPT_ENV)
+
+
+@pytest.fixture
+def api(processes: Processes, postgres_backend: Backend, api_env: dict[str, str]) -> Iterator[Api]:
     """A `pal api` server and a `pal worker` on Postgres + Redis; tokens for tenants acme and globex."""
     client = Client(postgres_backend.settings)
     journal = client.runtime.journal
@@ -32,7 +39,7 @@ def api(processes: Processes, postgres_backend: Backend) -> Iterator[Api]:
     revoked_id, revoked = journal.create_token(tenant_id="acme", name="old", now=utcnow())
     journal.revoke_token(token_id=revoked_id, now=utcnow())
     port = free_port()
-    processes.start(["api", "--port", str(port)], "api.log")
+    processes.start(["api", "--port", str(port)], "api.log", **api_env)
     processes.worker("w")
     url = f"http://127.0.0.1:{port}"
 
@@ -43,5 +50,5 @@ def api(processes: Processes, postgres_backend: Backend) -> Iterator[Api]:
             return False
 
     assert wait_until(up, timeout=60), (processes.folder / "api.log").read_text()
-    yield Api(url, token, other, revoked, client, processes.env())
+    yield Api(url, token, other, revoked, client, processes.env(**api_env))
     client.close()

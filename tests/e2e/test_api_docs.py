@@ -24,3 +24,4 @@ def test_curl_examples_in_docs_api_md(api: Api, tmp_path: Path) -> None:
     assert "event: run_succeeded" in result.stdout
     assert '"status":"succeeded"' in result.stdout and '"output":"refunded"' in result.stdout
     assert api.client.get_run("docs-refund-1").status == "succeeded"
+    assert "verified: run docs-refund-1 succeeded" in result.stdout

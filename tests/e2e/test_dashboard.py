@@ -1,6 +1,6 @@
 """The dashboard in real headless Chromium (Playwright driving /usr/bin/chromium) against a real
 `pal api` and `pal worker`: log in, open a running run's waterfall, see steps appear live, approve
-the waiting step with its button, see the run finish."""
+the waiting step with its button, see the run finish and download its signed receipt."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 from playwright.sync_api import expect, sync_playwright
 
-from tests.support.api_server import Api
+from pal.core.run_receipt import verify
+from tests.support.api_server import RECEIPT_KEY, Api
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -46,15 +47,21 @@ def test_log_in_watch_the_waterfall_live_and_approve(api: Api, tmp_path: Path) -
         expect(page.locator('tr[data-step="fetch"]')).to_be_visible(timeout=30_000)
         expect(page.locator('tr[data-step="gate"] td.status')).to_have_text("waiting", timeout=30_000)
         expect(page.locator("#status")).to_have_text("waiting")
+        expect(page.locator("#receipt")).to_be_hidden()  # no receipt while the run is in flight
         page.screenshot(path=str(tmp_path / "waiting.png"), full_page=True)
         page.click('tr[data-step="gate"] button[data-decision="approve"]')
         expect(page.locator("#status")).to_have_text("succeeded", timeout=30_000)
         expect(page.locator('tr[data-step="send"] td.status')).to_have_text("completed")
         page.screenshot(path=str(tmp_path / "succeeded.png"), full_page=True)
+        expect(page.locator("#receipt")).to_be_visible()  # finished: its signed receipt is offered
+        with page.expect_download() as download:
+            page.click("#receipt a")
+        receipt = Path(download.value.path()).read_bytes()
         page.goto(api.url + "/runs")
         expect(page.locator("#runs")).to_contain_text("browser-1")
         browser.close()
     assert (tmp_path / "succeeded.png").stat().st_size > 0
+    assert verify(receipt, [RECEIPT_KEY.trusted]).run_id == "browser-1"
     decided = [e for e in api.client.events("browser-1") if e.kind == "approval_decided"]
     assert len(decided) == 1 and decided[0].payload["comment"] == "from the dashboard"
     # Another tenant's run page is a 404 even with a valid cookie of its own.

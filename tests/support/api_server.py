@@ -7,8 +7,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pal.client import Client
+from pal.core import dsse
+
+# The receipts of a test control plane: signed with RECEIPT_KEY, and RETIRED_KEY's still trusted
+# (a key rotated out). Fixed, so a failure can be replayed; never a key of a real deployment.
+RECEIPT_KEY = dsse.SigningKey(Ed25519PrivateKey.from_private_bytes(b"pal-test-receipt-signing-key-32b"))
+RETIRED_KEY = dsse.SigningKey(Ed25519PrivateKey.from_private_bytes(b"pal-test-retired-signing-key-32b"))
+RECEIPT_ENV = {"PAL_SIGNING_KEY": dsse.private_text(RECEIPT_KEY.private),
+               "PAL_TRUSTED_KEYS": dsse.public_text(RETIRED_KEY.public)}
 
 
 def free_port() -> int:

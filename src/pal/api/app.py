@@ -4,8 +4,8 @@ statuses with a JSON `detail`:
 400 NUL or a lone surrogate in the path or query, 401 no/invalid token, 403 a cookie-authenticated
 change that fails the CSRF checks, 404 no such run (or another tenant's), 409 refused in the run's
 state (or a run id that is not available), 413 a body over the cap, 422 invalid graph or input
-(with every problem), 429 the tenant has PAL_MAX_RUNS_IN_FLIGHT runs in flight, 503 the journal
-database failed. The guards of pal.api.limits and pal.api.headers wrap the whole app."""
+(with every problem), 429 the tenant has PAL_MAX_RUNS_IN_FLIGHT runs in flight, 501 receipts are
+off (no PAL_SIGNING_KEY), 503 the journal database failed."""
 
 # The docstring above is the API's OpenAPI description (`description=__doc__`), so it speaks to
 # clients. This module assembles the control plane: the guarded FastAPI app, its lifespan, the
@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from pal.api import approvals, runs, stream
+from pal.api import approvals, receipts, runs, stream
 from pal.api import runtime as runtime_reports
 from pal.api.dashboard import add_dashboard
 from pal.api.errors import add_error_handlers
@@ -30,6 +30,7 @@ from pal.api.headers import SecurityHeaders, add_docs
 from pal.api.limits import BodyLimit, UnstorableUrl, max_request_bytes
 from pal.api.notify import JournalNotifier
 from pal.config import Settings
+from pal.engine.run_receipts import trusted_keys
 from pal.engine.runtime import Runtime
 from pal.storage.database import normalize_url
 from pal.workers.app import create_app
@@ -79,7 +80,9 @@ def create_api(settings: Settings, runtime: Runtime | None = None,
     api.state.runtime = runtime if runtime is not None else create_app(settings).runtime
     api.state.notifier = journal_notifier(settings)
     add_error_handlers(api)
-    for router in (runs.router, approvals.router, stream.router, runtime_reports.router):
+    if settings.signing_key:  # a bad key stops `pal api` at its start, not at the first receipt
+        trusted_keys(settings)
+    for router in (runs.router, approvals.router, stream.router, runtime_reports.router, receipts.router):
         api.include_router(router)
     add_docs(api)
     add_dashboard(api)

@@ -131,4 +131,4 @@ def run_page(run_id: str, request: Request, rt: Rt) -> Response:
         run = rt.journal.get_run(run_id, tenant_id=who[0])
     except RunNotFound:
         return _page("missing.html", 404, tenant=who[0], csrf=who[1], run_id=run_id)
-    return _page("run.html", tenant=who[0], csrf=who[1], run=run)
+    return _page("run.html", tenant=who[0], csrf=who[1], run=run, receipts=bool(rt.settings.signing_key))

@@ -18,6 +18,7 @@ from pal.errors import (
     InputError,
     PalError,
     QuotaExceeded,
+    ReceiptsOff,
     Refused,
     RunNotFound,
     StorageError,
@@ -26,6 +27,7 @@ from pal.errors import (
 # First match wins, so a subclass stands before its base (QuotaExceeded is a Refused).
 _STATUS_CODES: tuple[tuple[type[PalError], int], ...] = (
     (RunNotFound, 404),
+    (ReceiptsOff, 501),
     (QuotaExceeded, 429),
     (Refused, 409),
     (ResumeRefused, 409),

@@ -3,6 +3,7 @@
     pal db upgrade|grant, pal doctor          pal.cli.db
     pal run, pal runs ..., pal anomalies      pal.cli.runs
     pal tokens ...                            pal.cli.tokens
+    pal receipts ...                          pal.cli.receipts
     pal worker|beat|api|flower                pal.cli.servers
     pal demo                                  pal.cli.demo
 
@@ -15,7 +16,7 @@ import sys
 
 import typer
 
-from pal.cli import db, demo, runs, servers, tokens
+from pal.cli import db, demo, receipts, runs, servers, tokens
 from pal.cli.common import exit_code
 from pal.errors import PalError
 
@@ -24,6 +25,7 @@ app = typer.Typer(help="PAL: durable AI-agent graphs on Celery.", no_args_is_hel
 app.add_typer(db.db_app, name="db")
 app.add_typer(runs.runs_app, name="runs")
 app.add_typer(tokens.tokens_app, name="tokens")
+app.add_typer(receipts.receipts_app, name="receipts")
 for command in (servers.worker, servers.beat, runs.run, servers.api, db.doctor, servers.flower,
                 demo.demo):
     app.command()(command)

@@ -26,6 +26,8 @@ function render(runId, data) {
   const status = document.getElementById("status");
   status.textContent = run.status;
   status.className = "status " + run.status;
+  const receipt = document.getElementById("receipt");  // present when receipts are on
+  if (receipt) receipt.hidden = !["succeeded", "failed", "cancelled"].includes(run.status);
   document.getElementById("summary").textContent =
     `${data.rows.length} steps, ${data.duration_s.toFixed(2)}s, ` +
     `${run.input_tokens + run.output_tokens} tokens, $${Number(run.cost_usd).toFixed(6)}`;
