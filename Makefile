@@ -15,10 +15,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	env -u PAL_DATABASE_URL -u PAL_BROKER_URL $(BIN)/pal demo
 
-test: $(STAMP) lint typecheck browser
-	$(BIN)/pytest $(PYTEST_ARGS)
+# The whole suite in two lanes at once, then the tests that restart Postgres alone (tests/run_suite.py);
+# with PYTEST_ARGS, one plain pytest run of what they select.
+test: $(STAMP) lint typecheck browser vm-guest
+	$(if $(PYTEST_ARGS),$(BIN)/pytest $(PYTEST_ARGS),$(BIN)/python -m tests.run_suite)
 
-# The qemu-microvm crash-resume test, apart from `make test` while it is flaky (docs/isolated-tier.md).
+# Only the qemu-microvm crash-resume test (make test runs it too).
 test-qemu: $(STAMP) vm-guest
 	$(BIN)/pytest -m qemu tests/e2e/test_isolated_tier.py
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 import redis
 
 from pal.cli.demo import stop_process, wait_until
@@ -23,6 +24,7 @@ from tests.support.tools import calls
 FLUSHED_DB_URL = "redis://127.0.0.1:6379/10"
 
 
+@pytest.mark.disruptive  # restarts Postgres: run alone (tests/run_suite.py)
 def test_an_approval_and_a_budget_pause_survive_workers_redis_and_postgres_restarting(
         postgres_backend: Backend, tmp_path: Path) -> None:
     backend = Backend("postgres", postgres_backend.settings.with_(broker_url=FLUSHED_DB_URL))

@@ -55,6 +55,7 @@ def test_redis_flush_mid_run_every_run_still_finishes(flushable_backend: Backend
         procs.stop_all()
 
 
+@pytest.mark.disruptive  # restarts Postgres: run alone (tests/run_suite.py)
 def test_postgres_restart_mid_run_workers_reconnect(postgres_backend: Backend, tmp_path: Path) -> None:
     procs = Processes(postgres_backend, tmp_path)
     try:

@@ -103,6 +103,7 @@ def _chaos_step(rng: random.Random, procs: Processes, workers: dict[str, subproc
     workers[name] = procs.worker(name)
 
 
+@pytest.mark.disruptive  # restarts Postgres: run alone (tests/run_suite.py)
 def test_soak_under_sigkill_redis_flush_and_postgres_restart(
         soak_backend: Backend, tmp_path: Path, pg_admin: sa.Engine) -> None:
     duration = parse_go_duration(os.environ.get("PAL_SOAK_DURATION", "30s"))

@@ -1,0 +1,83 @@
+"""`make test`'s runner: the whole suite in two lanes at once, then the tests that need the machine
+to themselves, alone. Run as `python -m tests.run_suite [PYTEST ARGS]`.
+
+Why lanes: the end-to-end tests mostly wait (for worker processes, recoveries, a browser, a
+microVM), and the rest (unit, storage, architecture, integration) mostly compute, so on two cores
+the two halves side by side take about as long as the longer one. Every test has its own
+Postgres schema, Redis key prefix and folder (tests/conftest.py), and each lane its own pytest
+temporary folder, so the lanes never see each other's data. Two kinds of test run last, by
+themselves: `disruptive` ones restart the Postgres server every test shares, and the `qemu` one
+emulates a whole machine, whose boot a lane's computing slowed past its watchdogs (3 VMs failed in a
+run side by side).
+
+Each line of a lane's output is shown as it comes, prefixed with the lane's name; the exit code
+is the first failure's (0 when every phase passed).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# End-to-end files the core lane takes, so that both lanes take about as long (measured side by
+# side: e2e 8.4 min and core 4.7 min without them; with these and the API's two, 6.2 and 7.5).
+BALANCE = ["tests/e2e/test_side_effect_crashes.py"]
+LANES = {
+    "e2e": ["tests/e2e", *(f"--ignore={path}" for path in BALANCE)],
+    "core": ["tests/unit", "tests/storage", "tests/architecture", "tests/integration", *BALANCE],
+}
+ALONE = "disruptive or qemu"
+
+
+def pytest(name: str, args: list[str], basetemp: Path) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "pytest", *args, f"--basetemp={basetemp / name}"]
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+
+
+def relay(name: str, process: subprocess.Popen[str], tail: dict[str, str], lock: threading.Lock) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        with lock:
+            sys.stdout.write(f"[{name}] {line}")
+            sys.stdout.flush()
+        if line.strip():
+            tail[name] = line.strip()
+
+
+def run_phase(lanes: dict[str, list[str]], basetemp: Path) -> dict[str, tuple[int, float, str]]:
+    """Run each lane's pytest at once; (exit code, seconds, last line) of each."""
+    started, tail, lock = time.monotonic(), {}, threading.Lock()
+    processes = {name: pytest(name, args, basetemp) for name, args in lanes.items()}
+    relays = [threading.Thread(target=relay, args=(name, p, tail, lock), daemon=True)
+              for name, p in processes.items()]
+    for thread in relays:
+        thread.start()
+    results = {}
+    for name, process in processes.items():
+        code = process.wait()
+        results[name] = (code, time.monotonic() - started, tail.get(name, ""))
+    for thread in relays:
+        thread.join(timeout=5)
+    return results
+
+
+def main(argv: list[str]) -> int:
+    basetemp = Path(tempfile.mkdtemp(prefix="pal-suite-"))
+    lanes = {name: [*paths, "-m", f"not ({ALONE})", *argv] for name, paths in LANES.items()}
+    results = run_phase(lanes, basetemp)
+    results |= run_phase({"alone": ["tests", "-m", ALONE, *argv]}, basetemp)
+    print("\nsuite:", flush=True)
+    for name, (code, seconds, last) in results.items():
+        print(f"  {name:<10} {'passed' if code == 0 else f'FAILED (exit {code})':<16} {seconds:6.0f}s  {last}")
+    return next((code for code, _, _ in results.values() if code != 0), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
