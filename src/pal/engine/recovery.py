@@ -24,6 +24,7 @@ from pal.config import Settings
 from pal.core.clock import utcnow
 from pal.core.records import Recovery, RunRecord
 from pal.engine.runtime import Runtime
+from pal.engine.tracing import end_generation
 from pal.engine.vms import resume_microvm_runs
 from pal.engine.waiting import wake
 from pal.errors import LeaseBusy, PalError
@@ -62,7 +63,22 @@ def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True, allow_idl
     )
     if recovery is not None:
         _publish(rt, run_id, recovery)
+        _trace_takeover(rt, run_id, recovery, now or utcnow())
     return recovery
+
+
+def _trace_takeover(rt: Runtime, run_id: str, recovery: Recovery, now: datetime) -> None:
+    """The root span of the generation this recovery took over, when tracing (its worker, lost or
+    stopped, never wrote it): ended now, marked as an error (docs/observability.md)."""
+    tracing = rt.tracing
+    if tracing is None:
+        return
+    try:
+        end_generation(tracing, rt.journal, rt.journal.get_run(run_id), recovery.generation - 1, now,
+                       outcome="taken_over", lost=True)
+    except PalError:  # a trace is never worth failing a recovery
+        log.warning("run %s: the root span of generation %d was not written", run_id,
+                    recovery.generation - 1, exc_info=True)
 
 
 def redelivery_gap(settings: Settings) -> float:
@@ -122,6 +138,7 @@ def _redrive_all(rt: Runtime, orphans: list[str], now: datetime, report: SweepRe
     for run_id, recovery in recoveries.items():
         _publish(rt, run_id, recovery)
         _recovered(report, run_id, recovery)
+        _trace_takeover(rt, run_id, recovery, now)
 
 
 def _recovered(report: SweepReport, run_id: str, recovery: Recovery) -> None:

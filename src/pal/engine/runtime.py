@@ -24,6 +24,7 @@ from pal.core.lru import Lru
 from pal.core.records import Fence, RunRecord
 from pal.engine import builtin_tools  # noqa: F401  (registers the built-in tools)
 from pal.engine.heartbeat import LeaseKeeper
+from pal.engine.tracing import Tracing, configured
 from pal.errors import PalError
 from pal.plan.interpreter import Program
 from pal.plan.programs import program_of
@@ -143,6 +144,12 @@ class Runtime:
             cached = (now, self.journal.baselines(graph_hash))
             self._baselines.put(graph_hash, cached)
         return cached[1]
+
+    @cached_property
+    def tracing(self) -> Tracing | None:
+        """This process's tracer when the OTEL_* variables configure one (docs/observability.md),
+        made on first use: in a prefork child, after the fork."""
+        return Tracing(salt=os.environ.get("PAL_TRACE_SALT", "")) if configured() else None
 
     @cached_property
     def prices(self) -> dict[str, tuple[Decimal, Decimal]]:

@@ -19,13 +19,14 @@ from pal.core.budgets import Breach, OnBreach
 from pal.core.clock import utcnow
 from pal.core.failures import failure_payload
 from pal.core.limits import output_problem
-from pal.core.records import ClaimOutcome, Receipt, RunRecord
+from pal.core.records import Claim, ClaimOutcome, Receipt, RunRecord, Usage
 from pal.core.redact import redact, redact_text
 from pal.core.secrets import scrub_known
 from pal.engine.gate import gate
 from pal.engine.heartbeat import LeaseGone, TimeLimitReached
 from pal.engine.runtime import Runtime
 from pal.engine.services import NodeServices
+from pal.engine.tracing import Tracing, end_generation
 from pal.engine.waiting import wake_quietly
 from pal.engine.watch import budget_failure, budget_pause, watch_claim, watch_usage
 from pal.errors import (
@@ -50,6 +51,9 @@ class StepResult:
     outcome: str  # a ClaimOutcome value, or "completed" / "failed" / "retrying" / "fenced"
     dispatched: tuple[str, ...] = ()
     finished: bool = False
+    parked: bool = False  # the step waits and nothing else of the run is in flight
+    usage: Usage | None = None  # a model call's tokens and cost (for its trace span)
+    error: Mapping[str, Any] | None = None  # the failure journaled, retried or final
 
 
 class JournalReceipts:
@@ -106,6 +110,39 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
                  claim.outcome.value)
         return StepResult(claim.outcome.value)
     faults.point("after_claim_commit", step_id, run_id)
+    tracing = rt.tracing
+    if tracing is None:
+        return _run_claimed(rt, claim, step_id, generation)
+    return _traced(rt, tracing, claim, step_id, generation)
+
+
+def _traced(rt: Runtime, tracing: Tracing, claim: Claim, step_id: str, generation: int) -> StepResult:
+    """The claimed attempt inside its span; the generation's root span when the run finishes or
+    parks here (docs/observability.md)."""
+    assert claim.run is not None
+    try:
+        node = rt.program_of(claim.run).node(step_id)
+        node_type, data = node.type, node.data
+    except (PalError, KeyError):  # a step the plan does not have: the attempt fails inside
+        node_type, data = "unknown", {}
+    with tracing.step(claim.run, step_id, claim.attempt, generation, node_type, data) as span:
+        result = _run_claimed(rt, claim, step_id, generation)
+        span.finish(result.outcome, result.usage, result.error)
+    if result.finished or result.parked:
+        try:
+            run = rt.journal.get_run(claim.run.id)
+            end_generation(tracing, rt.journal, run, generation, utcnow(),
+                           outcome=run.status if result.finished else "waiting")
+        except PalError:  # a trace is never worth failing a step that has committed
+            log.warning("run %s: the root span of generation %d was not written", claim.run.id, generation,
+                        exc_info=True)
+    return result
+
+
+def _run_claimed(rt: Runtime, claim: Claim, step_id: str, generation: int) -> StepResult:
+    """Phase 2 and 3 of the step protocol for an attempt this worker claimed."""
+    assert claim.run is not None
+    run_id, settings = claim.run.id, rt.settings
     program = rt.program_of(claim.run)
     over = watch_claim(rt, claim, step_id, generation, program)
     if over is not None and over.on_breach is OnBreach.PAUSE:  # the node waits for a person
@@ -184,7 +221,7 @@ def _complete(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generatio
     rt.hand_off(run.id, step_id, handoff.dispatch, generation)
     if handoff.finished:
         _wake_parent(rt, run.parent_run_id)
-    return StepResult("completed", handoff.dispatch, handoff.finished)
+    return StepResult("completed", handoff.dispatch, handoff.finished, usage=result.usage)
 
 
 def _once_more_if_disconnected(operation: Callable[[], T]) -> T:
@@ -220,18 +257,19 @@ def _park(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: i
     if parked:
         _wake_parent(rt, run.parent_run_id)  # it may act on a paused child (onChildApproval: fail)
     log.info("run %s step %s waiting%s", run.id, step_id, "; run parked" if parked else "")
-    return StepResult("waiting")
+    return StepResult("waiting", parked=bool(parked))
 
 
 def _stopped_by_budget(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: int,
                        over: Breach) -> StepResult:
     """End the run `run_failed {code: budget_exceeded}` through the usual exactly-once path."""
-    failed = rt.journal.fail_step(rt.fence(run.id, generation), step_id, attempt, budget_failure(over))
+    error = budget_failure(over)
+    failed = rt.journal.fail_step(rt.fence(run.id, generation), step_id, attempt, error)
     log.warning("run %s: stopped by its budget before step %s: %s", run.id, step_id,
                 over.as_payload()["message"])
     if failed:
         _wake_parent(rt, run.parent_run_id)
-    return StepResult("failed" if failed else "fenced", finished=failed)
+    return StepResult("failed" if failed else "fenced", finished=failed, error=error)
 
 
 def _wake_parent(rt: Runtime, parent_run_id: str | None) -> None:
@@ -257,11 +295,11 @@ def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: in
                  decision.next_attempt, decision.backoff_s)
         if retry.backoff_lease(decision.backoff_s, settings.lease_ttl)[1]:
             rt.publish(run_id, step_id, generation, countdown=decision.backoff_s)
-        return StepResult("retrying", (step_id,))
+        return StepResult("retrying", (step_id,), error=error)
     if policy.max_attempts > 1:
         error["retry"] = decision.reason
     failed = journal.fail_step(rt.fence(run_id, generation), step_id, attempt, error)
     log.info("run %s step %s failed: %s", run_id, step_id, exc)
     if failed:
         _wake_parent(rt, parent_run_id)
-    return StepResult("failed" if failed else "fenced", finished=failed)
+    return StepResult("failed" if failed else "fenced", finished=failed, error=error)

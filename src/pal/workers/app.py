@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
+from celery.signals import worker_process_shutdown, worker_shutdown
 
 from pal.config import DEFAULT_VISIBILITY_TIMEOUT_SECONDS, Settings
 from pal.core.redact import install_log_redaction
@@ -88,4 +89,12 @@ def create_app(settings: Settings) -> PalCelery:
     app.runtime = Runtime(settings, publish, publish_batch)
     app.runtime.publish_vm = lambda vm_id: app.send_task(SPAWN_VM, args=[vm_id], queue=settings.vm_queue)
     register_tasks(app)
+
+    def flush_traces(**_: Any) -> None:  # a worker (or pool child) stopping exports its batched spans
+        tracing = app.runtime.__dict__.get("tracing")  # only if this process made one
+        if tracing is not None:
+            tracing.shutdown()
+
+    worker_process_shutdown.connect(flush_traces, weak=False)
+    worker_shutdown.connect(flush_traces, weak=False)
     return app
