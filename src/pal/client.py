@@ -37,10 +37,13 @@ class Client:
         self.runtime = self.app.runtime
 
     def start_run(self, graph: Any, input: Any = None, *, run_id: str | None = None,
-                  tenant_id: str | None = None, limits: dict[str, Any] | None = None) -> str:
+                  tenant_id: str | None = None, limits: dict[str, Any] | None = None,
+                  traceparent: str | None = None) -> str:
         """Validate and enqueue; the same `run_id` twice returns the existing run. `limits` is the
-        run's own budget over the graph's (docs/anomalies.md)."""
-        record, _ = start_run(self.runtime, graph, input, run_id=run_id, tenant_id=tenant_id, limits=limits)
+        run's own budget over the graph's (docs/anomalies.md); `traceparent`, the W3C trace
+        context its first trace links to (docs/observability.md)."""
+        record, _ = start_run(self.runtime, graph, input, run_id=run_id, tenant_id=tenant_id, limits=limits,
+                              traceparent=traceparent)
         return record.id
 
     def anomalies(self, run_id: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:

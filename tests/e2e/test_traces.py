@@ -12,6 +12,7 @@ from pal.cli.demo import wait_until
 from pal.client import Client
 from pal.engine.tracing import generation_ids
 from tests.conftest import Backend
+from tests.support.api_server import Api
 from tests.support.graphs import linear
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.processes import Processes
@@ -48,3 +49,14 @@ def test_a_sigkill_and_a_sweep_give_two_linked_traces(processes: Processes, post
     assert {s.attributes["pal.step.id"] for s in after} == {"s1", "s2", "out"}  # start, s0: done before
     assert all(s.parent_span_id == root_2 and s.attributes["pal.run.generation"] == 2 for s in after)
     assert all(s.trace_id in (trace_1, trace_2) for s in spans)  # nothing of this run outside its traces
+
+
+def test_a_traceparent_header_on_post_v1_runs_is_kept_and_a_bad_one_ignored(api: Api, tmp_path: Path) -> None:
+    good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    for run_id, header in (("traced-1", good), ("traced-2", "00-nonsense"), ("traced-3", "x" * 300)):
+        reply = api.post("/v1/runs", json={"graph": linear(tmp_path / "c", 1), "run_id": run_id},
+                         headers={"traceparent": header})
+        assert reply.status_code == (422 if len(header) > 256 else 201), reply.text
+    assert api.client.events("traced-1")[0].payload["traceparent"] == good
+    assert "traceparent" not in api.client.events("traced-2")[0].payload
+    assert not api.client.runtime.journal.run_exists("traced-3")  # refused before anything is written

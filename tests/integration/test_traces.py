@@ -20,7 +20,8 @@ from pal.client import Client
 from pal.core.clock import utcnow
 from pal.engine.recovery import sweep
 from pal.engine.tracing import Tracing, generation_ids
-from tests.support.graphs import approval, linear
+from pal.engine.vms import report, token_hash
+from tests.support.graphs import approval, flaky, linear, parent_of
 from tests.support.workers import in_process_worker
 
 
@@ -99,3 +100,80 @@ def test_a_sweep_take_over_writes_the_lost_root_and_the_next_generation_links_to
 
 def test_tracing_is_off_without_an_otlp_endpoint(client: Client, tmp_path: Path) -> None:
     assert client.runtime.tracing is None  # no OTEL_EXPORTER_OTLP_* in the test environment
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_the_first_trace_links_to_the_callers_traceparent_and_a_bad_one_is_ignored(
+        client: Client, tmp_path: Path) -> None:
+    exporter = traced(client)
+    with in_process_worker(client):
+        linked = client.start_run(linear(tmp_path / "c", 1), {}, traceparent=TRACEPARENT.upper())
+        ignored = client.start_run(linear(tmp_path / "c", 1), {}, traceparent="00-" + "0" * 32 + "-00f067aa0ba902b7-01")
+        client.app.send_task("pal.start_run", args=[linear(tmp_path / "c", 1)], kwargs={"run_id": "by-celery"},
+                             queue=client.runtime.settings.queue, headers={"traceparent": TRACEPARENT})
+        assert wait_until(lambda: client.runtime.journal.run_exists("by-celery"), timeout=30)
+        for run_id in (linked, ignored, "by-celery"):
+            assert client.wait(run_id, timeout=30).status == "succeeded"
+        assert wait_until(lambda: all(roots(exporter.get_finished_spans(), r) for r in (linked, ignored, "by-celery")),
+                          timeout=10)
+    spans = exporter.get_finished_spans()
+    for run_id, links in ((linked, [(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7)]), (ignored, []),
+                          ("by-celery", [(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7)])):
+        root = roots(spans, run_id)[1]
+        assert [(link.context.trace_id, link.context.span_id) for link in root.links] == links, run_id
+    assert "traceparent" not in client.events(ignored)[0].payload  # nothing invalid is journaled
+
+
+def test_a_child_runs_first_trace_links_to_its_parent_steps_span(client: Client, tmp_path: Path) -> None:
+    exporter = traced(client)
+    with in_process_worker(client):
+        parent = client.start_run(parent_of(linear(tmp_path / "c", 1)), {})
+        assert client.wait(parent, timeout=30).status == "succeeded"
+        child = next(r.id for r in client.list_runs(limit=10) if r.parent_run_id == parent)
+        assert wait_until(lambda: roots(exporter.get_finished_spans(), child), timeout=10)
+    spans = exporter.get_finished_spans()
+    asking = [s for s in spans if s.attributes and s.attributes.get("pal.run.id") == parent
+              and s.attributes.get("pal.step.id") == "sub" and s.attributes.get("pal.run.generation") == 1]
+    root = roots(spans, child)[1]
+    assert [(link.context.trace_id, link.context.span_id) for link in root.links] == \
+        [(asking[0].context.trace_id, asking[0].context.span_id)]
+    assert asking[0].name == "pal.step subagent"
+
+
+def test_a_retried_attempt_and_an_anomaly_are_events_on_their_spans(client: Client, tmp_path: Path) -> None:
+    exporter = traced(client)
+    graph = flaky(tmp_path / "f", 2, {"maxAttempts": 3, "backoffMs": 1})
+    graph["anomalies"] = {"maxRetries": 1}
+    with in_process_worker(client):
+        run_id = client.start_run(graph, {})
+        assert client.wait(run_id, timeout=30).status == "succeeded"
+        assert wait_until(lambda: roots(exporter.get_finished_spans(), run_id), timeout=10)
+    attempts = sorted((s for s in exporter.get_finished_spans() if s.attributes
+                       and s.attributes.get("pal.step.id") == "f"), key=lambda s: s.attributes["pal.step.attempt"])  # type: ignore[index]
+    assert [a.attributes["pal.step.outcome"] for a in attempts] == ["retrying", "retrying", "completed"]  # type: ignore[index]
+    assert attempts[0].status.status_code is StatusCode.ERROR
+    assert [e.name for e in attempts[0].events] == ["pal.step.retry", "exception"]
+    assert [e.name for e in attempts[2].events] == ["pal.anomaly"]  # two retries: past maxRetries 1
+    assert attempts[2].events[0].attributes["pal.anomaly.kind"] == "retry_storm"  # type: ignore[index]
+
+
+def test_the_isolated_tiers_reported_steps_share_their_vms_generation_trace(client: Client) -> None:
+    exporter = traced(client)
+    client.runtime.publish_vm = lambda vm_id: None  # no VM host here: the reports are made by hand
+    run_id = client.start_run({"kind": "microvm", "command": ["python3", "agent.py"], "workdir": "w"}, {})
+    [vm] = client.runtime.journal.vms(run_id)
+    assert client.runtime.journal.take_vm(vm_id=vm.id, host="h", token_hash=token_hash("tok"), now=utcnow())
+    for body in ({"type": "step", "step_id": "fetch", "event": "started"},
+                 {"type": "step", "step_id": "fetch", "event": "completed", "output": 1},
+                 {"type": "step", "step_id": "fetch", "event": "completed", "output": 2},  # repeated: no span
+                 {"type": "exit", "code": 0, "output": "done"}):
+        report(client.runtime, "tok", body)
+    spans = exporter.get_finished_spans()
+    trace_id, root_id = generation_ids(run_id, vm.generation)
+    [step] = [s for s in spans if s.name == "pal.step fetch"]
+    assert (step.context.trace_id, step.parent.span_id if step.parent else None) == (trace_id, root_id)
+    assert step.attributes["pal.vm.id"] == vm.id and step.attributes["pal.step.outcome"] == "step_completed"  # type: ignore[index]
+    root = roots(spans, run_id)[vm.generation]
+    assert (root.context.span_id, root.attributes["pal.run.outcome"]) == (root_id, "succeeded")  # type: ignore[index]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Header, HTTPException, Query
 from fastapi.responses import JSONResponse
 
 from pal.api.auth import Auth
@@ -26,10 +26,12 @@ router = APIRouter()
 
 
 @router.post("/v1/runs", status_code=201)
-def start(body: StartRun, caller: Auth, rt: Rt) -> JSONResponse:
-    """Start a run; with `run_id`, idempotent: the same id returns the existing run (200)."""
+def start(body: StartRun, caller: Auth, rt: Rt,
+          traceparent: Annotated[str | None, Header(max_length=256)] = None) -> JSONResponse:
+    """Start a run; with `run_id`, idempotent: the same id returns the existing run (200). A W3C
+    `traceparent` header is what the run's first trace links to (an invalid one is ignored)."""
     record, created = start_run(rt, body.graph, body.input, run_id=body.run_id, limits=body.limits,
-                                tenant_id=caller.tenant_id)
+                                tenant_id=caller.tenant_id, traceparent=traceparent)
     return JSONResponse(record.as_dict(), status_code=201 if created else 200)
 
 

@@ -34,6 +34,7 @@ from pal.core.confidence import (
 from pal.core.records import RunRecord, Usage
 from pal.core.step_log import StepLog
 from pal.engine.runtime import Runtime
+from pal.engine.tracing import span_event
 from pal.errors import PalError, StepError
 from pal.nodes import StepContext, idempotency_key
 from pal.nodes.approval import approval_hash
@@ -75,6 +76,10 @@ def gate(rt: Runtime, run: RunRecord, node: Node, ctx: StepContext, generation: 
     evaluated = steps.gates.get(ctx.step_id) if steps is not None else None
     if evaluated is None:
         evaluated = _evaluate(rt, run, ctx, generation, policy, action, mode)
+    span_event("pal.confidence", {"pal.confidence.score": float(evaluated["score"]),
+                                  "pal.confidence.threshold": float(policy.threshold),
+                                  "pal.confidence.decision": str(evaluated["decision"]),
+                                  "pal.confidence.bypassed": str(evaluated.get("bypassed") or "")})
     if evaluated["decision"] == "execute" or evaluated.get("bypassed"):
         return None
     if policy.on_low is OnLow.FAIL:

@@ -16,6 +16,7 @@ from pal.core.clock import utcnow
 from pal.core.limits import depth_problem
 from pal.core.records import RunRecord
 from pal.engine.runtime import Runtime
+from pal.engine.tracing import current_traceparent, parse_traceparent
 from pal.engine.vms import start_vm
 from pal.engine.waiting import wake_quietly
 from pal.errors import InputError, WorkLimitExceeded
@@ -53,13 +54,15 @@ def start_run(
     run_id: str | None = None,
     tenant_id: str | None = None,
     limits: Any = None,
+    traceparent: str | None = None,
 ) -> tuple[RunRecord, bool]:
     """Validate, create the run (idempotent on `run_id`) and publish its first step.
 
     `graph` is a graph document, a plain-LLM spec (`{"kind": "llm", ...}`) or a microVM run
     (`{"kind": "microvm", ...}`, whose first VM is scheduled instead); `limits` is the
-    run's own budget over the graph's (docs/anomalies.md). Returns the run and whether this call
-    created it. Nothing is written for invalid input.
+    run's own budget over the graph's (docs/anomalies.md); a W3C `traceparent` (kept only when
+    valid) is what its first trace links to (docs/observability.md). Returns the run and whether
+    this call created it. Nothing is written for invalid input.
     """
     settings = rt.settings
     if run_id is not None and (not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id)):
@@ -77,7 +80,7 @@ def start_run(
         run_id=run_id or new_run_id(), tenant_id=tenant_id or settings.tenant, kind=plan.kind,
         graph=plan.document, graph_hash=plan.hash, run_input=run_input, now=utcnow(),
         lease_ttl=settings.lease_ttl, max_in_flight=settings.max_runs_in_flight,
-        limits=dict(limits) if limits is not None else None,
+        limits=dict(limits) if limits is not None else None, traceparent=parse_traceparent(traceparent),
     )
     if plan.kind == "microvm":
         start_vm(rt, record.id)  # the isolated tier: a VM, not a doorbell (docs/isolated-tier.md)
@@ -106,6 +109,7 @@ def start_child_run(rt: Runtime, parent_run_id: str, step_id: str, attempt: int,
         run_id=child_id, tenant_id=parent.tenant_id, kind=plan.kind,
         graph=plan.document, graph_hash=plan.hash, run_input=child_input, now=utcnow(),
         lease_ttl=rt.settings.lease_ttl, parent_run_id=parent_run_id, parent_step_id=step_id,
+        traceparent=current_traceparent(),  # the parent step's span, when this worker traces
     )
     if created:
         rt.publish(record.id, plan.program.first_step, 1)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -42,6 +43,32 @@ from pal.core.vocabulary import EventKind
 from pal.storage.journal import Journal
 
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+# W3C Trace Context, version 00: what a caller's `traceparent` must be to be kept (else ignored).
+TRACEPARENT = re.compile(r"00-(?!0{32})([0-9a-f]{32})-(?!0{16})([0-9a-f]{16})-([0-9a-f]{2})")
+
+
+def parse_traceparent(text: object) -> str | None:
+    """A caller's W3C `traceparent`, normalised; None for anything else (ignored, as the W3C
+    recommendation says: a bad header never fails a run)."""
+    if not isinstance(text, str) or len(text) > 64:
+        return None
+    value = text.strip().lower()
+    return value if TRACEPARENT.fullmatch(value) else None
+
+
+def current_traceparent() -> str | None:
+    """The span this thread is in (a subagent's step, when tracing), as a `traceparent`."""
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+
+def span_event(name: str, attributes: Mapping[str, str | int | float | bool]) -> None:
+    """An event on the step span this thread is in; nothing when tracing is off."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.add_event(name, dict(attributes))
 
 
 def configured(env: Mapping[str, str] | None = None) -> bool:
@@ -100,6 +127,8 @@ class StepSpan:
             self.span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
             if usage.cost_usd is not None:
                 self.span.set_attribute("pal.cost_usd", float(usage.cost_usd))
+        if outcome == "retrying":
+            self.span.add_event("pal.step.retry", {"pal.error.type": str((error or {}).get("type", ""))})
         if error is not None:
             self.span.set_status(Status(StatusCode.ERROR, str(error.get("message", ""))[:500]))
             self.span.add_event("exception", {"exception.type": str(error.get("type", "")),
@@ -140,16 +169,36 @@ class Tracing:
                                                set_status_on_exception=True) as span:
             yield StepSpan(span)
 
+    def reported_step(self, run: RunRecord, step_id: str, attempt: int, generation: int, started: datetime,
+                      ended: datetime, *, outcome: str, vm_id: str) -> None:
+        """A span for a step of the isolated tier, reported by its VM's harness once it ended."""
+        attributes: dict[str, str | int] = {
+                      "pal.run.id": run.id, "pal.step.id": step_id, "pal.step.attempt": attempt,
+                      "pal.run.generation": generation, "pal.node.type": "microvm", "pal.vm.id": vm_id,
+                      "pal.graph.sha256": run.graph_hash or "", "pal.run.tier": run.kind,
+                      "pal.step.outcome": outcome}
+        span = self.tracer.start_span(f"pal.step {step_id}", context=self.root_context(run.id, generation),
+                                      attributes=attributes, start_time=_ns(started))
+        if outcome == EventKind.STEP_FAILED:
+            span.set_status(Status(StatusCode.ERROR, "the workload's step failed"))
+        span.end(end_time=max(_ns(ended), _ns(started)))
+
     def generation_ended(self, run: RunRecord, generation: int, started: datetime, ended: datetime, *,
                          outcome: str, resumed: int = 0, previous: int | None = None,
-                         lost: bool = False) -> None:
-        """Write the root span of a generation, linked to the `previous` generation's root."""
+                         caller: str | None = None, lost: bool = False) -> None:
+        """Write the root span of a generation, linked to the `previous` generation's root, or for
+        the first, to the `caller`'s traceparent (who started the run: a client, a parent step)."""
         trace_id, span_id = generation_ids(run.id, generation, self.salt)
         links = []
         if previous is not None:
             before_trace, before_span = generation_ids(run.id, previous, self.salt)
             links.append(Link(SpanContext(before_trace, before_span, is_remote=True, trace_flags=SAMPLED),
                               {"pal.link": "previous generation"}))
+        if caller is not None:
+            _, trace_hex, span_hex, flags = caller.split("-")
+            starter = SpanContext(int(trace_hex, 16), int(span_hex, 16), is_remote=True,
+                                  trace_flags=TraceFlags(int(flags, 16)))
+            links.append(Link(starter, {"pal.link": "started by"}))
         attributes: dict[str, str | int] = {
                       "pal.run.id": run.id, "pal.run.generation": generation, "pal.run.outcome": outcome,
                       "pal.run.resumed_steps": resumed, "pal.graph.sha256": run.graph_hash or "",
@@ -176,8 +225,12 @@ def end_generation(tracing: Tracing, journal: Journal, run: RunRecord, generatio
     only when tracing."""
     if generation < 1:
         return
-    started, resumed, previous = run.created_at, 0, None
-    if generation > 1:
+    started, resumed, previous, caller = run.created_at, 0, None, None
+    if generation == 1:
+        queued = journal.events(run.id, limit=1)
+        if queued and isinstance(queued[0].payload, dict):
+            caller = parse_traceparent(queued[0].payload.get("traceparent"))
+    else:
         events = journal.events(run.id)
         began = [e for e in events if e.generation == generation]
         previous = max((e.generation for e in events if e.generation < generation), default=None)
@@ -186,7 +239,7 @@ def end_generation(tracing: Tracing, journal: Journal, run: RunRecord, generatio
             if began[0].kind == EventKind.RUN_RECOVERED and isinstance(began[0].payload, dict):
                 resumed = len(began[0].payload.get("resumed_steps") or ())
     tracing.generation_ended(run, generation, started, ended, outcome=outcome, resumed=resumed,
-                             previous=previous, lost=lost)
+                             previous=previous, caller=caller, lost=lost)
 
 
 def _ns(moment: datetime) -> int:

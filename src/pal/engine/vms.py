@@ -23,7 +23,9 @@ from pal.core.clock import utcnow
 from pal.core.limits import output_problem
 from pal.core.records import Fence
 from pal.core.vms import ResumeAction, VmState
+from pal.core.vocabulary import EventKind
 from pal.engine.runtime import Runtime
+from pal.engine.tracing import end_generation
 from pal.errors import InputError, PalError, Refused
 from pal.storage.vms import VmOrder, VmRecord
 from pal.vms import DriverError
@@ -60,6 +62,7 @@ def resume_microvm_runs(rt: Runtime, now: datetime, limit: int) -> dict[str, str
             log.exception("sweep: resuming microVM run %s failed; the next pass retries", run_id)
             continue
         decided[run_id] = str(action)
+        _trace_vm_takeover(rt, run_id, order, now)
         if order is not None:
             rt.publish_vm(order.vm_id)
             log.info("sweep: microVM run %s resumed in VM %s (attempt %d)", run_id, order.vm_id,
@@ -67,6 +70,22 @@ def resume_microvm_runs(rt: Runtime, now: datetime, limit: int) -> dict[str, str
         elif action is ResumeAction.EXHAUSTED:
             log.warning("sweep: microVM run %s failed: microvm_resume_exhausted", run_id)
     return decided
+
+
+def _trace_vm_takeover(rt: Runtime, run_id: str, order: VmOrder | None, now: datetime) -> None:
+    """The root span of the generation whose VM the sweep found gone (respawned or exhausted)."""
+    tracing = rt.tracing
+    if tracing is None:
+        return
+    try:
+        run = rt.journal.get_run(run_id)
+        vms = rt.journal.vms(run_id)
+        lost = [v for v in vms if order is None or v.id != order.vm_id]
+        if lost:
+            end_generation(tracing, rt.journal, run, lost[-1].generation, now,
+                           outcome=run.status if run.terminal else "taken_over", lost=True)
+    except PalError:
+        log.warning("run %s: the root span of a lost VM's generation was not written", run_id, exc_info=True)
 
 
 def spawn_vm(rt: Runtime, vm_id: str) -> str:
@@ -117,13 +136,52 @@ def report(rt: Runtime, token: str | None, body: Any) -> dict[str, Any]:
         output = _checked_output(rt, body.get("output"))
         if not rt.journal.vm_exited(vm, fence, code=code, output=output):
             raise Refused(UNKNOWN_VM)
+        _trace_vm_exit(rt, vm)
         return {"ok": True}
     step = _step_of(rt, body) if kind == "step" else None
     if not rt.journal.vm_report(vm, fence, step=step):
         raise Refused(UNKNOWN_VM)
+    if step is not None and step[1] in ("completed", "failed"):
+        _trace_vm_step(rt, vm, step[0], fence.now)
     if kind == "resume":
         return {"ok": True, "attempt": vm.attempt, "steps": dict(rt.journal.completed_outputs(vm.run_id))}
     return {"ok": True}
+
+
+def _trace_vm_step(rt: Runtime, vm: VmRecord, step_id: str, at: datetime) -> None:
+    """A span for a step the VM reported finished, when tracing and when this report wrote it (a
+    repeated report writes nothing and gets none): from its `step_started` to now, under the root
+    of the VM's generation (docs/observability.md). Reads the run's journal; only when tracing."""
+    tracing = rt.tracing
+    if tracing is None:
+        return
+    try:
+        events = rt.journal.events(vm.run_id)
+        done = next((e for e in events if e.step_id == step_id and e.created_at == at
+                     and e.kind in (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED)), None)
+        if done is None:
+            return
+        began = [e for e in events
+                 if e.step_id == step_id and e.kind == EventKind.STEP_STARTED and e.seq < done.seq]
+        tracing.reported_step(rt.journal.get_run(vm.run_id), step_id, done.attempt or 1, vm.generation,
+                              began[-1].created_at if began else at, at, outcome=str(done.kind), vm_id=vm.id)
+    except PalError:
+        log.warning("run %s: the span of step %s was not written", vm.run_id, step_id, exc_info=True)
+
+
+def _trace_vm_exit(rt: Runtime, vm: VmRecord) -> None:
+    """The root span of the VM's generation, when its exit finished the run (a VM that ends
+    otherwise is resumed by the sweep, which writes it)."""
+    tracing = rt.tracing
+    if tracing is None:
+        return
+    try:
+        run = rt.journal.get_run(vm.run_id)
+        if run.terminal:
+            end_generation(tracing, rt.journal, run, vm.generation, utcnow(), outcome=run.status)
+    except PalError:
+        log.warning("run %s: the root span of generation %d was not written", vm.run_id, vm.generation,
+                    exc_info=True)
 
 
 def _step_of(rt: Runtime, body: Mapping[str, Any]) -> tuple[str, str, Any]:

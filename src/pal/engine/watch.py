@@ -32,6 +32,7 @@ from pal.core.loop_steps import baseline_node
 from pal.core.records import Claim, RunRecord, Usage
 from pal.core.step_log import StepLog
 from pal.engine.runtime import Runtime
+from pal.engine.tracing import span_event
 from pal.errors import BudgetExceeded, PalError
 from pal.nodes.approval import approval_hash
 from pal.nodes.base import Park
@@ -83,8 +84,7 @@ def watch_claim(rt: Runtime, claim: Claim, step_id: str, generation: int, progra
         found.append(Anomaly(_BREACH_KINDS[over.limit_name], over.observed, over.limit, "static", None,
                              f"budget: {over.as_payload()['message']}"))
     if found:
-        for anomaly in rt.journal.record_anomalies(rt.fence(run.id, generation), found):
-            log.warning("run %s: anomaly %s: %s", run.id, anomaly.kind, anomaly.message)
+        _journal_anomalies(rt, run, generation, found)
         faults.point("after_anomaly_commit", step_id, run.id)
     return over if over is not None and over.on_breach is not OnBreach.WARN else None
 
@@ -126,10 +126,17 @@ def watch_usage(rt: Runtime, run: RunRecord, step_id: str, generation: int, usag
                             baseline.get((node, "cost_usd"), ()), limits)]
         spikes = [a for a in found if a is not None]
         if spikes:
-            for anomaly in rt.journal.record_anomalies(rt.fence(run.id, generation), spikes):
-                log.warning("run %s: anomaly %s: %s", run.id, anomaly.kind, anomaly.message)
+            _journal_anomalies(rt, run, generation, spikes)
     except PalError:
         log.exception("run %s step %s: baselines not checked", run.id, step_id)
+
+
+def _journal_anomalies(rt: Runtime, run: RunRecord, generation: int, found: Sequence[Anomaly]) -> None:
+    """Journal anomalies once each; those new are logged and put on the step's span."""
+    for anomaly in rt.journal.record_anomalies(rt.fence(run.id, generation), found):
+        log.warning("run %s: anomaly %s: %s", run.id, anomaly.kind, anomaly.message)
+        span_event("pal.anomaly", {"pal.anomaly.kind": str(anomaly.kind),
+                                   "pal.anomaly.message": anomaly.message[:500]})
 
 
 def budget_failure(over: Breach | Mapping[str, Any], **detail: Any) -> dict[str, Any]:

@@ -22,9 +22,10 @@ class RunStore(Primitives):
         self, *, run_id: str, tenant_id: str, kind: str, graph: Any, graph_hash: str | None,
         run_input: Any, now: datetime, lease_ttl: float, parent_run_id: str | None = None,
         parent_step_id: str | None = None, max_in_flight: int | None = None,
-        limits: dict[str, Any] | None = None,
+        limits: dict[str, Any] | None = None, traceparent: str | None = None,
     ) -> tuple[RunRecord, bool]:
-        """Insert a queued run, its `run_queued` event and its first lease (generation 1).
+        """Insert a queued run, its `run_queued` event and its first lease (generation 1). A
+        `traceparent` (who started it, docs/observability.md) is kept in `run_queued`.
 
         Idempotent on `run_id`: a second call by the same tenant (and, for a child run, the same
         parent step) returns the existing run and `False`; any other caller gets RunIdTaken.
@@ -66,6 +67,8 @@ class RunStore(Primitives):
                                      "for a generated one")
             else:
                 queued: dict[str, Any] = {"graph_hash": graph_hash}
+                if traceparent is not None:
+                    queued["traceparent"] = traceparent
                 if parent_run_id is not None:
                     queued |= {"parent_run_id": parent_run_id, "parent_step_id": parent_step_id}
                 self._append(conn, run_id, None, None, EventKind.RUN_QUEUED, queued, 1, now)

@@ -65,10 +65,13 @@ def register_tasks(app: Celery) -> None:
         self: Any, graph: Any, input: Any = None, run_id: str | None = None,
         tenant_id: str | None = None,
     ) -> dict[str, Any]:
-        """Validate and start a run; an invalid request is logged and writes nothing."""
+        """Validate and start a run; an invalid request is logged and writes nothing. A
+        `traceparent` message header is what the run's first trace links to."""
+        headers = self.request.headers if isinstance(self.request.headers, dict) else {}
+        traceparent = getattr(self.request, "traceparent", None) or headers.get("traceparent")
         try:
             record, created = start_run(self.app.runtime, graph, input, run_id=run_id,
-                                        tenant_id=tenant_id)
+                                        tenant_id=tenant_id, traceparent=traceparent)
         except (GraphError, InputError, Refused) as exc:
             log.error("pal.start_run refused: %s", exc)
             return {"error": str(exc)}
