@@ -7,6 +7,7 @@ import base64
 import hashlib
 import json
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ KEY = dsse.SigningKey(Ed25519PrivateKey.from_private_bytes(bytes(range(32))))
 TRUSTED = [KEY.trusted]
 RUN = RunRecord(id="r-golden", tenant_id="acme", kind="graph", status="succeeded", graph={"nodes": []},
                 graph_hash="ab" * 32, input={"q": "hi"}, output={"answer": 42}, error=None, parent_run_id=None,
-                parent_step_id=None, cost_usd=None, input_tokens=0, output_tokens=0, created_at=T0,
+                parent_step_id=None, cost_usd=Decimal(0), input_tokens=0, output_tokens=0, created_at=T0,
                 started_at=T0, finished_at=T0, limits=None)
 
 
@@ -46,7 +47,8 @@ GOLDEN_BUNDLE_SHA256 = "12b55f6ec20420a7bed684172d9a119271d4001b45e705111ade69fe
 
 
 def bundle_of(data: bytes) -> dict[str, Any]:
-    return json.loads(data)
+    bundle: dict[str, Any] = json.loads(data)
+    return bundle
 
 
 def rewrite(bundle: dict[str, Any]) -> bytes:
@@ -54,7 +56,8 @@ def rewrite(bundle: dict[str, Any]) -> bytes:
 
 
 def statement_of(bundle: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(base64.b64decode(bundle["envelope"]["payload"]))
+    statement: dict[str, Any] = json.loads(base64.b64decode(bundle["envelope"]["payload"]))
+    return statement
 
 
 def test_the_chain_is_sha256_over_each_events_rfc8785_text() -> None:
