@@ -111,13 +111,11 @@ class _ForcedIds(IdGenerator):
 
 
 class StepSpan:
-    """The span of one claimed attempt, for what is learnt while it runs."""
+    """The span of one claimed attempt, finished with what the attempt came to (events while it
+    runs go through `span_event`, from wherever they are learnt)."""
 
     def __init__(self, span: trace.Span) -> None:
         self.span = span
-
-    def event(self, name: str, attributes: Mapping[str, Any]) -> None:
-        self.span.add_event(name, dict(attributes))
 
     def finish(self, outcome: str, usage: Usage | None = None,
                error: Mapping[str, Any] | None = None) -> None:
