@@ -11,6 +11,7 @@ Runs, one after the other on the local Postgres and Redis (127.0.0.1 only), each
   bench/scale.py       sweep pass at 1,000,000 finished runs, replay of 10,000 steps, worker memory
   bench/recovery.py    recovery latency after SIGKILL
   bench/sse.py         SSE latency against clients polling the journal
+  bench/traces.py      PAL with tracing off and exporting OTLP to a local collector, in turn
 Ratios are PAL / peer, both measured in this run; medians over --reps repetitions.
 """
 
@@ -147,6 +148,17 @@ def measure_rows(scale: dict[str, Any], recovery: dict[str, Any], sse: dict[str,
             f"| {_ratio(sse_ms, poll_ms)} of polling's {_num(poll_ms)} ms |"]
 
 
+def trace_lines(traces: dict[str, Any] | None) -> list[str]:
+    """Tracing on against off, each repetition paired (docs/observability.md)."""
+    lines = [f"- {row['scenario']}: {_num(row['off'])} steps/s off, {_num(row['on'])} on; on / off per rep "
+             + " ".join(f"{r:.2f}" for r in row["on_over_off"])
+             + f" (median {statistics.median(row['on_over_off']):.2f}x); CPU per step "
+             f"{_num(row['cpu_ms_off'], '.2f')} -> {_num(row['cpu_ms_on'], '.2f')} ms"
+             for row in (traces or {}).get("table", [])]
+    return ["Traces, off and exporting OTLP/HTTP to a local collector (bench/traces.py):", "", *lines] \
+        if lines else []
+
+
 def report(results: dict[str, dict[str, Any] | None], reps: int, quick: bool) -> str:
     """The markdown block written into docs/benchmarks.md."""
     sized = " (--quick sizes)" if quick else ""
@@ -155,7 +167,8 @@ def report(results: dict[str, dict[str, Any] | None], reps: int, quick: bool) ->
              *throughput_rows(results.get("throughput"), results.get("dbos_peer") or {}), "",
              *paired_lines(results.get("throughput"), results.get("dbos_peer") or {}), "",
              *cpu_rows(results.get("throughput")), "",
-             *measure_rows(*(results.get(k) or {} for k in ("scale", "recovery", "sse")))]
+             *measure_rows(*(results.get(k) or {} for k in ("scale", "recovery", "sse"))), "",
+             *trace_lines(results.get("traces"))]
     failed = [name for name, value in results.items() if value is None]
     if failed:
         lines += ["", f"Did not produce results in this run: {', '.join(failed)} (see the run's output)."]
@@ -226,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     sized = ["--quick"] if args.quick else ["--reps", str(reps)]
     plan: list[tuple[str, list[str]]] = [
         ("scale", sized), ("recovery", ["--kills", "5" if args.quick else "20"]),
-        ("sse", ["--subscribers", "20" if args.quick else "100"]),
+        ("sse", ["--subscribers", "20" if args.quick else "100"]), ("traces", sized),
     ]
     with tempfile.TemporaryDirectory(prefix="palbench-all-") as folder:
         results = interleaved(reps, args.quick, Path(folder))

@@ -252,9 +252,12 @@ def bench_schema(infra: Infra, label: str, tmp: Path) -> Iterator[tuple[str, Set
         infra.delete_keys(prefix)
 
 
-def measure_pal(infra: Infra, scenario: Scenario, tmp: Path) -> Measurement:
-    """One PAL measurement: fresh schema, prefix, queue and `pal worker`; all removed after."""
+def measure_pal(infra: Infra, scenario: Scenario, tmp: Path, extra_env: dict[str, str] | None = None
+                ) -> Measurement:
+    """One PAL measurement: fresh schema, prefix, queue and `pal worker` (with `extra_env` on top
+    of its settings); all removed after."""
     with bench_schema(infra, "pal", tmp) as (schema, settings, env):
+        env = env | (extra_env or {})
         log = tmp / schema / "worker.log"
         worker = start_process(
             [sys.executable, "-m", "pal.cli", "worker", "--concurrency", str(CONCURRENCY),

@@ -15,6 +15,7 @@ run (an earlier attempt's VM, a finished run): the harness then stops the worklo
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import signal
@@ -113,7 +114,8 @@ def microvm(workdir: Path, socket_path: Path, attempt: str) -> list[str]:
     return ["qemu-system-x86_64", "-M", f"microvm,accel={accel}", "-cpu", cpu, "-m", "512", "-smp", "1",
             "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
             "-kernel", str(guest / "vmlinuz"), "-initrd", str(guest / "initrd.img"),
-            "-append", f"console=ttyS0 panic=-1 quiet pal.workdir={workdir} pal.python={sys.executable}",
+            "-append", f"console=ttyS0 panic=-1 quiet pal.workdir={workdir} pal.python={sys.executable}"
+                       + (f" pal.keep={kept}" if (kept := kept_under_tmp()) else ""),
             "-serial", f"file:{console}",
             "-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap",
             "-device", "virtio-9p-device,fsdev=hostroot,mount_tag=hostroot",
@@ -122,6 +124,17 @@ def microvm(workdir: Path, socket_path: Path, attempt: str) -> list[str]:
             "-device", "virtio-serial-device",
             "-chardev", f"socket,id=pal,path={socket_path}",
             "-device", "virtserialport,chardev=pal,name=pal"]
+
+
+def kept_under_tmp() -> str:
+    """The host folders a guest must still see under its private /tmp (its /init mounts a fresh
+    tmpfs there): the Python environment and the folder `pal` is imported from, when they live
+    under the host's /tmp (a checkout or a virtualenv there), colon-separated; "" for none."""
+    spec = importlib.util.find_spec("pal")
+    found = {sys.prefix, os.path.realpath(sys.prefix)}
+    for package in (spec.submodule_search_locations or []) if spec else []:
+        found.add(os.path.dirname(os.path.realpath(package)))
+    return ":".join(sorted(p for p in found if p.startswith("/tmp/")))
 
 
 class Harness:

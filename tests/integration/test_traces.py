@@ -56,6 +56,9 @@ def test_every_step_of_a_run_shares_one_trace_under_its_derived_root(client: Cli
     tool = next(s for s in spans if s.attributes and s.attributes.get("pal.step.id") == "s0")
     assert tool.name == "execute_tool count" and tool.attributes["gen_ai.tool.name"] == "count"  # type: ignore[index]
     assert tool.attributes["pal.step.outcome"] == "completed" and tool.attributes["pal.step.attempt"] == 1  # type: ignore[index]
+    # Each doorbell carried when it was sent (Redis fast path and send_task alike): its queue wait.
+    waits = [s.attributes["pal.step.queue_wait_s"] for s in spans if s.attributes and "pal.step.id" in s.attributes]
+    assert len(waits) == 5 and all(0 <= w < 30 for w in waits)  # type: ignore[operator]
 
 
 def test_an_approval_park_and_wake_are_two_traces_the_second_linked_to_the_first(client: Client,

@@ -3,11 +3,13 @@ hostile microVM run documents."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
 
 from pal.core.vms import MAX_MICROVM_RESUME_ATTEMPTS, ResumeAction, microvm_problems, resume_action
+from pal.harness import kept_under_tmp
 
 
 @pytest.mark.parametrize(("live", "attempts", "action"), [
@@ -57,3 +59,14 @@ def test_the_vm_settings_refuse_a_bad_accelerator_by_name() -> None:
     assert load_settings({}).vm_accel == "kvm" and load_settings({"PAL_VM_ACCEL": "TCG"}).vm_accel == "tcg"
     with pytest.raises(ConfigError, match="PAL_VM_ACCEL='hvf' must be one of kvm, tcg"):
         load_settings({"PAL_VM_ACCEL": "hvf"})
+
+
+def test_a_guest_keeps_seeing_a_python_environment_that_lives_under_the_hosts_tmp(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The guest mounts its own tmpfs on /tmp; a checkout or virtualenv under the host's /tmp (a CI
+    # clone there) must be bound back, or its Python cannot start in the guest.
+    monkeypatch.setattr(sys, "prefix", "/tmp/ci-clone/.venv")
+    kept = kept_under_tmp().split(":")
+    assert "/tmp/ci-clone/.venv" in kept
+    monkeypatch.setattr(sys, "prefix", "/opt/venv")
+    assert all(path.startswith("/tmp/") for path in kept_under_tmp().split(":") if path)

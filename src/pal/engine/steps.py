@@ -93,8 +93,10 @@ def step_time_limit(data: Mapping[str, Any], settings: Settings) -> float:
     return timeout_ms / 1000 if isinstance(timeout_ms, int) and timeout_ms > 0 else settings.step_timeout
 
 
-def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> StepResult:
-    """Run one step of one run, exactly as one `pal.execute_node` message asks."""
+def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int,
+                 sent_at: float | None = None) -> StepResult:
+    """Run one step of one run, exactly as one `pal.execute_node` message asks (`sent_at`: when
+    the message was published or due, Unix seconds, for the step span's queue wait)."""
     settings, journal = rt.settings, rt.journal
     claim = _once_more_if_disconnected(lambda: journal.claim_step(
         rt.fence(run_id, generation), step_id,
@@ -113,10 +115,11 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int) -> Ste
     tracing = rt.tracing
     if tracing is None:
         return _run_claimed(rt, claim, step_id, generation)
-    return _traced(rt, tracing, claim, step_id, generation)
+    return _traced(rt, tracing, claim, step_id, generation, sent_at)
 
 
-def _traced(rt: Runtime, tracing: Tracing, claim: Claim, step_id: str, generation: int) -> StepResult:
+def _traced(rt: Runtime, tracing: Tracing, claim: Claim, step_id: str, generation: int,
+            sent_at: float | None) -> StepResult:
     """The claimed attempt inside its span; the generation's root span when the run finishes or
     parks here (docs/observability.md)."""
     assert claim.run is not None
@@ -125,7 +128,7 @@ def _traced(rt: Runtime, tracing: Tracing, claim: Claim, step_id: str, generatio
         node_type, data = node.type, node.data
     except (PalError, KeyError):  # a step the plan does not have: the attempt fails inside
         node_type, data = "unknown", {}
-    with tracing.step(claim.run, step_id, claim.attempt, generation, node_type, data) as span:
+    with tracing.step(claim.run, step_id, claim.attempt, generation, node_type, data, sent_at) as span:
         result = _run_claimed(rt, claim, step_id, generation)
         span.finish(result.outcome, result.usage, result.error)
     if result.finished or result.parked:

@@ -25,6 +25,7 @@ import hashlib
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
@@ -156,9 +157,12 @@ class Tracing:
 
     @contextmanager
     def step(self, run: RunRecord, step_id: str, attempt: int, generation: int, node_type: str,
-             data: Mapping[str, Any]) -> Iterator[StepSpan]:
-        """A span for one claimed attempt, under its generation's root."""
+             data: Mapping[str, Any], sent_at: float | None = None) -> Iterator[StepSpan]:
+        """A span for one claimed attempt, under its generation's root; `sent_at`, when its message
+        was published (or due), gives its queue wait (clocks of different hosts may differ)."""
         name, kind, extra = _span_name(node_type, data)
+        if sent_at is not None:
+            extra["pal.step.queue_wait_s"] = round(max(0.0, time.time() - sent_at), 6)
         attributes = {"pal.run.id": run.id, "pal.step.id": step_id, "pal.step.attempt": attempt,
                       "pal.run.generation": generation, "pal.node.type": node_type,
                       "pal.graph.sha256": run.graph_hash or "", "pal.run.tier": run.kind, **extra}

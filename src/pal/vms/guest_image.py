@@ -44,7 +44,16 @@ for arg in $(cat /proc/cmdline); do case "$arg" in pal.workdir=*) W="${arg#pal.w
 mount -t proc proc /host/proc
 mount -t sysfs sysfs /host/sys
 mount -t devtmpfs devtmpfs /host/dev
+# The guest's /tmp is its own memory; host folders it must still see there (the Python environment
+# or checkout, when under the host's /tmp: pal.keep=a:b) are bound back, read-only like the rest.
+KEEP=$(for arg in $(cat /proc/cmdline); do
+  case "$arg" in pal.keep=*) echo "${arg#pal.keep=}" | tr ':' ' ';; esac
+done)
+N=0
+for k in $KEEP; do N=$((N+1)); mkdir -p "/keep/$N"; mount -o bind "/host$k" "/keep/$N"; done
 mount -t tmpfs tmpfs /host/tmp
+N=0
+for k in $KEEP; do N=$((N+1)); mkdir -p "/host$k"; mount -o bind "/keep/$N" "/host$k"; done
 mkdir -p "/host$W" 2>/dev/null
 mount -t 9p -o trans=virtio,version=9p2000.L work "/host$W" \
   || { echo "pal-init: no work share"; poweroff -f; }

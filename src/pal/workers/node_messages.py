@@ -22,12 +22,15 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from kombu.common import maybe_declare
 from kombu.utils.uuid import uuid
+
+from pal.workers.task_names import SENT_AT_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +119,7 @@ class NodePublisher:
             reply_to=app.thread_oid, create_sent_event=self.sent_event,
             argsrepr=repr(args), kwargsrepr="{}", ignore_result=None)  # as send_task: the task decides
         properties["delivery_mode"] = PERSISTENT
+        headers[SENT_AT_HEADER] = time.time()  # a step span's queue wait starts here (when tracing)
         self._declare(amqp.queues[self.queue_name], channel)
         messages = [(channel.prepare_message(json.dumps(body), 0, CONTENT_TYPE, CONTENT_ENCODING,
                                              headers, properties), "", self.queue_name)]

@@ -4,13 +4,14 @@ or batched into one broker round trip (pal.engine.runtime.Publish, PublishBatch)
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from pal.engine.runtime import Publish, PublishBatch
 from pal.workers.node_messages import NodePublisher
-from pal.workers.task_names import EXECUTE_NODE
+from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
 
 
 def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None) -> tuple[Publish, PublishBatch]:
@@ -26,7 +27,8 @@ def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None) -> 
         # A countdown is held by the consuming worker's timer, not by a blocked process.
         app.send_task(EXECUTE_NODE, args=args, queue=queue,
                       countdown=countdown if countdown > 0 else None,
-                      producer=getattr(batching, "producer", None))
+                      producer=getattr(batching, "producer", None),
+                      headers={SENT_AT_HEADER: time.time() + max(countdown, 0.0)})
 
     @contextmanager
     def publish_batch() -> Iterator[None]:

@@ -7,3 +7,7 @@ SWEEP_ORPHANS = "pal.sweep_orphans"  # one pass of the orphan sweep (celery beat
 START_RUN = "pal.start_run"  # validate and start a run from a message
 RECOMPUTE_BASELINES = "pal.recompute_baselines"  # per-node baselines of tokens and cost (beat)
 SPAWN_VM = "pal.spawn_vm"  # start one VM of a microVM run, on PAL_VM_QUEUE (a VM host)
+
+# A doorbell's header: when it was published, or is due (a countdown's end), as Unix seconds. A step
+# span's queue wait is measured from it (docs/observability.md); it proves nothing and gates nothing.
+SENT_AT_HEADER = "pal_sent_at"

@@ -17,7 +17,14 @@ from pal.engine.runs import start_run
 from pal.engine.steps import execute_step
 from pal.engine.vms import spawn_vm
 from pal.errors import GraphError, InputError, Refused
-from pal.workers.task_names import EXECUTE_NODE, RECOMPUTE_BASELINES, SPAWN_VM, START_RUN, SWEEP_ORPHANS
+from pal.workers.task_names import (
+    EXECUTE_NODE,
+    RECOMPUTE_BASELINES,
+    SENT_AT_HEADER,
+    SPAWN_VM,
+    START_RUN,
+    SWEEP_ORPHANS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +44,9 @@ def register_tasks(app: Celery) -> None:
             log.warning("pal.execute_node refused: not a message PAL sent (run %.128r step %.256r "
                         "generation %.32r)", run_id, step_id, generation)
             return "forged"
-        return execute_step(rt, run_id, step_id, generation).outcome
+        sent_at = getattr(self.request, SENT_AT_HEADER, None)
+        return execute_step(rt, run_id, step_id, generation,
+                            sent_at=sent_at if isinstance(sent_at, float) else None).outcome
 
     @app.task(name=SWEEP_ORPHANS, bind=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep_orphans(self: Any) -> dict[str, Any]:
