@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from typing import Any
 
 import pytest
@@ -13,12 +14,13 @@ import redis
 
 from pal.workers.app import create_app
 from pal.workers.node_messages import NodePublisher
-from pal.workers.task_names import EXECUTE_NODE
+from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
 from tests.conftest import Backend
 
-# Fields that differ between any two messages: fresh ids, the sender's name, the event's times.
+# Fields that differ between any two messages: fresh ids, the sender's name, the event's and
+# the doorbell's times.
 FRESH = {"id", "root_id", "correlation_id", "delivery_tag", "reply_to", "origin", "uuid", "timestamp",
-         "clock", "utcoffset", "local_received"}
+         "clock", "utcoffset", "local_received", SENT_AT_HEADER}
 
 
 def _queued(client: redis.Redis, backend: Backend) -> list[dict[str, Any]]:
@@ -58,7 +60,8 @@ def test_a_node_message_is_the_message_send_task_sends(postgres_backend: Backend
         assert events.get_message(timeout=2.0) is not None  # the subscription is in place
         app.runtime.publish("run-1", "step-a", 3)  # the fast path
         signed = ["run-1", "step-a", 3, app.runtime.doorbell_signature("run-1", "step-a", 3)]
-        app.send_task(EXECUTE_NODE, args=signed, queue=postgres_backend.settings.queue)
+        app.send_task(EXECUTE_NODE, args=signed, queue=postgres_backend.settings.queue,
+                      headers={SENT_AT_HEADER: time.time()})  # as PAL's own send_task path does
         fast, stock = _queued(redis_client, postgres_backend)
         sent = _sent_events(events)
     finally:
@@ -67,6 +70,7 @@ def test_a_node_message_is_the_message_send_task_sends(postgres_backend: Backend
     assert fast["body"] == [signed, {}, {"callbacks": None, "errbacks": None,
                                                           "chain": None, "chord": None}]
     assert _without_fresh(fast) == _without_fresh(stock)
+    assert isinstance(fast["headers"][SENT_AT_HEADER], float)  # a step span's queue wait starts here
     assert fast["headers"]["id"] == fast["properties"]["correlation_id"] != stock["headers"]["id"]
     # Each message has its task-sent event, and Flower reads the same fields from both.
     assert [e["uuid"] for e in sent] == [fast["headers"]["id"], stock["headers"]["id"]]
