@@ -58,6 +58,10 @@ class Refused(PalError):
     """The request is refused in the run's current state; nothing was changed."""
 
 
+class RunIdReused(Refused):
+    """A run id of the caller's that already names a run of another graph or input."""
+
+
 class RunIdTaken(Refused):
     """The run id is not available: choose another, or omit it for a generated one."""
 

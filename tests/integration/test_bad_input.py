@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from pal.client import Client
-from pal.errors import GraphError, InputError
+from pal.errors import GraphError, InputError, RunIdReused
 from pal.storage.database import create_engine
 from pal.storage.schema import journal_events, run_locks, runs, side_effect_receipts
 from tests.conftest import Backend
@@ -141,8 +141,10 @@ def test_oversized_graph_is_refused(postgres_backend: Backend) -> None:
 
 def test_same_run_id_twice_returns_the_existing_run(pg_client: Client) -> None:
     first = pg_client.start_run(VALID, {"n": 1}, run_id="order-42")
-    second = pg_client.start_run(VALID, {"n": 2}, run_id="order-42")
+    second = pg_client.start_run(VALID, {"n": 1}, run_id="order-42")
     assert first == second == "order-42"
+    with pytest.raises(RunIdReused):  # the same id for other work: refused, not the old run
+        pg_client.start_run(VALID, {"n": 2}, run_id="order-42")
     assert pg_client.get_run("order-42").input == {"n": 1}
     assert row_counts(pg_client)["runs"] == 1
     assert [ev.kind for ev in pg_client.events("order-42")] == ["run_queued"]
@@ -220,3 +222,25 @@ def test_an_output_over_the_limits_fails_its_step_and_is_never_journaled(backend
         stored = json.dumps([ev.payload for ev in client.events(runs_[name].id)])
         assert "x" * 1000 not in stored and "[[[[[[[[[[" not in stored
     client.close()
+
+
+def test_pal_run_with_a_run_id_of_other_work_exits_6_and_writes_nothing(postgres_backend: Backend,
+                                                                        tmp_path: Path) -> None:
+    (tmp_path / "graph.json").write_text(json.dumps(VALID))
+    first = pal(["run", "graph.json", "--run-id", "mine-1", "--input", '{"n": 1}', "--no-follow"],
+                postgres_backend, tmp_path)
+    assert first.returncode == 0, first.stderr
+    again = pal(["run", "graph.json", "--run-id", "mine-1", "--input", '{"n": 1.0}', "--no-follow"],
+                postgres_backend, tmp_path)
+    assert again.returncode == 0 and "run mine-1 queued" in again.stdout  # the same request: idempotent
+    other = pal(["run", "graph.json", "--run-id", "mine-1", "--input", '{"n": 2}', "--no-follow"],
+                postgres_backend, tmp_path)
+    assert other.returncode == 6 and "already a run of another graph or input" in other.stderr
+    assert "Traceback" not in other.stderr
+
+
+def test_pal_version_prints_the_installed_version(postgres_backend: Backend, tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    shown = pal(["--version"], postgres_backend, tmp_path)
+    assert (shown.returncode, shown.stdout.strip()) == (0, f"pal {version('pal')}")

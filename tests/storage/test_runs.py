@@ -4,22 +4,26 @@ cancel_run ends a run tree once per run; the reads of a run family."""
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
 from pal.core.vocabulary import EventKind, LockHolder, RunStatus
-from pal.errors import QuotaExceeded, Refused, RunIdTaken, RunNotFound
+from pal.errors import QuotaExceeded, Refused, RunIdReused, RunIdTaken, RunNotFound
 from pal.storage.journal import Journal
 from tests.storage import kit
 from tests.storage.kit import TTL, at, fence, new_run
 
 
 def create_again(journal: Journal, run_id: str = "r1", *, tenant: str = "t1", seconds: float = 5.0,
-                 parent: tuple[str, str] | None = None, max_in_flight: int | None = None) -> bool:
-    """create_run once more (at T0 + `seconds`); whether it inserted a run."""
+                 parent: tuple[str, str] | None = None, max_in_flight: int | None = None,
+                 run_input: Any = None, graph_hash: str | None = None) -> bool:
+    """create_run once more (at T0 + `seconds`), by default for new_run's graph and input; whether
+    it inserted a run."""
     _, created = journal.create_run(
-        run_id=run_id, tenant_id=tenant, kind="graph", graph={"nodes": ["other"]}, graph_hash=None,
-        run_input={"x": 2}, now=at(seconds), lease_ttl=TTL, parent_run_id=parent[0] if parent else None,
+        run_id=run_id, tenant_id=tenant, kind="graph", graph={"nodes": ["other"]}, graph_hash=graph_hash,
+        run_input={"x": 1} if run_input is None else run_input, now=at(seconds), lease_ttl=TTL,
+        parent_run_id=parent[0] if parent else None,
         parent_step_id=parent[1] if parent else None, max_in_flight=max_in_flight)
     return created
 
@@ -41,6 +45,17 @@ def test_create_run_is_idempotent_for_the_same_tenant(journal: Journal) -> None:
     run = journal.get_run("r1")
     assert (run.input, run.graph, run.created_at) == ({"x": 1}, {"nodes": []}, at(0))  # the first call's
     assert len(kit.events(journal)) == 1 and kit.lock_row(journal) == lease
+    assert not create_again(journal, run_input={"x": 1.0})  # the same JSON, spelled otherwise
+
+
+@pytest.mark.parametrize("change", [{"run_input": {"x": 2}}, {"run_input": {"x": 1, "y": None}},
+                                    {"graph_hash": "ab" * 32}])
+def test_a_run_id_reused_for_another_graph_or_input_is_refused(journal: Journal, change: dict[str, Any]) -> None:
+    new_run(journal)
+    with pytest.raises(RunIdReused, match="already a run of another graph or input"):
+        create_again(journal, **change)
+    run = journal.get_run("r1")
+    assert (run.input, run.graph_hash) == ({"x": 1}, None) and len(kit.events(journal)) == 1  # nothing written
 
 
 def test_a_run_id_of_another_owner_is_taken(journal: Journal) -> None:

@@ -28,7 +28,8 @@ router = APIRouter()
 @router.post("/v1/runs", status_code=201)
 def start(body: StartRun, caller: Auth, rt: Rt,
           traceparent: Annotated[str | None, Header(max_length=256)] = None) -> JSONResponse:
-    """Start a run; with `run_id`, idempotent: the same id returns the existing run (200). A W3C
+    """Start a run; with `run_id`, idempotent: the same id, graph and input return the existing run
+    (200), the same id for another graph or input is a 409. A W3C
     `traceparent` header is what the run's first trace links to (an invalid one is ignored)."""
     record, created = start_run(rt, body.graph, body.input, run_id=body.run_id, limits=body.limits,
                                 tenant_id=caller.tenant_id, traceparent=traceparent)

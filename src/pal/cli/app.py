@@ -13,6 +13,8 @@ Exit codes are listed in pal.cli.common. A command loads the machinery it needs 
 from __future__ import annotations
 
 import sys
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated
 
 import typer
 
@@ -22,6 +24,25 @@ from pal.errors import PalError
 
 app = typer.Typer(help="PAL: durable AI-agent graphs on Celery.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        try:
+            typer.echo(f"pal {version('pal')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("pal (not installed: version unknown)")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    show_version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                               help="Print PAL's version and exit.")] = False,
+) -> None:
+    """PAL: durable AI-agent graphs on Celery."""
+
+
 app.add_typer(db.db_app, name="db")
 app.add_typer(runs.runs_app, name="runs")
 app.add_typer(tokens.tokens_app, name="tokens")

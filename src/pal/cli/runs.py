@@ -22,7 +22,9 @@ _HASH = typer.Option("--hash", help="Refuse unless the pending approval's hash i
 def run(
     graph: Annotated[Path, typer.Argument(help="Graph file, JSON or YAML.")],
     input: Annotated[str | None, typer.Option("--input", "-i", help="Run input, JSON.")] = None,
-    run_id: Annotated[str | None, typer.Option(help="Your own run id (idempotent).")] = None,
+    run_id: Annotated[str | None, typer.Option(
+        help="Your own run id (idempotent: the same id, graph and input give the same run; other "
+             "work under it exits 6).")] = None,
     follow: Annotated[bool, typer.Option(help="Show steps live until the run ends.")] = True,
     timeout: Annotated[float, typer.Option(help="Seconds to follow before giving up.")] = 300.0,
     limits: Annotated[str | None, typer.Option(help="The run's own budget, JSON, over the graph's "

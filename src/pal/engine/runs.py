@@ -56,7 +56,8 @@ def start_run(
     limits: Any = None,
     traceparent: str | None = None,
 ) -> tuple[RunRecord, bool]:
-    """Validate, create the run (idempotent on `run_id`) and publish its first step.
+    """Validate, create the run (idempotent on `run_id`: the same graph and input give the existing
+    run, other ones RunIdReused) and publish its first step.
 
     `graph` is a graph document, a plain-LLM spec (`{"kind": "llm", ...}`) or a microVM run
     (`{"kind": "microvm", ...}`, whose first VM is scheduled instead); `limits` is the

@@ -9,9 +9,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from pal.core.jcs import canonical
 from pal.core.records import Event, Lease, RunRecord
 from pal.core.vocabulary import IN_FLIGHT_STATUSES, EventKind, LockHolder, RunStatus
-from pal.errors import QuotaExceeded, Refused, RunIdTaken, RunNotFound
+from pal.errors import QuotaExceeded, Refused, RunIdReused, RunIdTaken, RunNotFound
 from pal.storage.base import run_record
 from pal.storage.primitives import Primitives
 from pal.storage.schema import journal_events, run_locks, runs
@@ -60,11 +61,17 @@ class RunStore(Primitives):
                 # decided here, after the insert, in its transaction: a check made before it would
                 # race a concurrent insert by someone else (docs/security.md). The refusal names
                 # nothing of the run that holds the id.
-                owner = conn.execute(sa.select(runs.c.tenant_id, runs.c.parent_run_id, runs.c.parent_step_id)
+                owner = conn.execute(sa.select(runs.c.tenant_id, runs.c.parent_run_id, runs.c.parent_step_id,
+                                               runs.c.graph_hash, runs.c.input)
                                      .where(runs.c.id == run_id)).one()
-                if tuple(owner) != (tenant_id, parent_run_id, parent_step_id):
+                if tuple(owner)[:3] != (tenant_id, parent_run_id, parent_step_id):
                     raise RunIdTaken(f"run id {run_id!r} is not available; choose another, or omit it "
                                      "for a generated one")
+                # The caller's own run again, but asked for other work: refused, never silently
+                # the old run (a child's document and input are the parent step's, so they match).
+                if parent_run_id is None and not _same_request(owner, graph_hash, run_input):
+                    raise RunIdReused(f"run id {run_id!r} is already a run of another graph or input; "
+                                      "use a new id (or omit it) for new work")
             else:
                 queued: dict[str, Any] = {"graph_hash": graph_hash}
                 if traceparent is not None:
@@ -170,3 +177,12 @@ class RunStore(Primitives):
                 sa.select(run_locks).where(run_locks.c.run_id == run_id)
             ).mappings().first()
         return Lease(**dict(row)) if row and row["worker_id"] != LockHolder.PARKED else None
+
+
+def _same_request(existing: Any, graph_hash: str | None, run_input: Any) -> bool:
+    """Whether a run's stored graph and input are the ones asked for again: the input compared as
+    RFC 8785 text, so JSONB's rewriting of keys and numbers does not count as a difference."""
+    try:
+        return bool(existing.graph_hash == graph_hash and canonical(existing.input) == canonical(run_input))
+    except ValueError:  # not canonicalisable: compare as values
+        return bool(existing.graph_hash == graph_hash and existing.input == run_input)
