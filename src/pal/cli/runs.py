@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -12,6 +12,9 @@ from pal.cli import common
 from pal.cli.common import EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_RUN_FAILED, EXIT_TIMEOUT
 from pal.errors import PalError, Refused
 from pal.plan.documents import load_graph_text
+
+if TYPE_CHECKING:
+    from pal.core.records import Event
 
 runs_app = typer.Typer(help="Inspect runs.", no_args_is_help=True)
 _COMMENT = typer.Option("--comment", "-m", help="Why; journaled with the decision.")
@@ -99,11 +102,32 @@ def runs_show(
 def runs_events(
     run_id: str,
     as_json: common.AsJson = False,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing events as they land, "
+                                                                  "until the run ends (JSON: one per line).")]
+    = False,
+    timeout: Annotated[float, typer.Option(help="With --follow: seconds before giving up.")] = 3600.0,
 ) -> None:
-    """Print a run's journal."""
-    from pal.cli.progress import console, journal_table
+    """Print a run's journal; with --follow, live until the run ends (exit 5 past --timeout)."""
+    from pal.cli.progress import console, describe, journal_table
+    from pal.cli.progress import follow as follow_run
 
-    events = common.checked(lambda: common.client().events(run_id))
+    client = common.client()
+    if follow:
+        common.checked(lambda: client.get_run(run_id))  # exit 3 for no such run
+        out = console()
+
+        def emit(event: Event) -> None:
+            if as_json:
+                typer.echo(json.dumps(event.as_dict(), default=str))
+            else:
+                out.print(describe(event))
+
+        final = follow_run(lambda seq: client.events(run_id, seq), lambda: client.get_run(run_id), emit,
+                           timeout=timeout)
+        if final is None:
+            common.fail(f"run {run_id} not finished after {timeout:g}s", EXIT_TIMEOUT)
+        return
+    events = common.checked(lambda: client.events(run_id))
     if as_json:
         common.print_json([e.as_dict() for e in events])
     else:
