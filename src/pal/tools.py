@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
 
@@ -56,15 +58,28 @@ def registered_tools() -> frozenset[str]:
 
 
 def load_tool_modules(modules: Iterable[str]) -> None:
-    """Import each module so that its @pal.tool decorators run (PAL_TOOL_MODULES)."""
+    """Import each module so that its @pal.tool decorators run (PAL_TOOL_MODULES). A module found
+    neither installed nor on PYTHONPATH is looked for in the current folder too, as `celery -A`
+    does, so `PAL_TOOL_MODULES=myapp.tools pal worker` works from the folder holding `myapp/`."""
     for module in modules:
         if module in _loaded_modules:
             continue
         try:
-            importlib.import_module(module)
+            _import_here_too(module)
         except ImportError as exc:
             raise ToolError(f"cannot import tool module {module!r}: {exc}") from exc
         _loaded_modules.add(module)
+
+
+def _import_here_too(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        here = os.getcwd()
+        if exc.name != module.split(".")[0] or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)  # after every installed package: the folder never shadows one
+        importlib.import_module(module)
 
 
 _JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean",

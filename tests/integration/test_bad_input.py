@@ -244,3 +244,26 @@ def test_pal_version_prints_the_installed_version(postgres_backend: Backend, tmp
 
     shown = pal(["--version"], postgres_backend, tmp_path)
     assert (shown.returncode, shown.stdout.strip()) == (0, f"pal {version('pal')}")
+
+
+def test_tool_modules_are_found_in_the_folder_pal_runs_in(postgres_backend: Backend, tmp_path: Path) -> None:
+    # The onboarding case: `PAL_TOOL_MODULES=myapp.tools` from the folder holding myapp/, with no
+    # PYTHONPATH=. (the subprocess's PYTHONPATH holds only the checkout).
+    (tmp_path / "myapp").mkdir()
+    (tmp_path / "myapp" / "__init__.py").write_text("")
+    (tmp_path / "myapp" / "tools.py").write_text(
+        "import pal\n\n@pal.tool\ndef shout_here(text: str) -> str:\n    return text.upper()\n")
+    graph = {"nodes": [{"id": "start", "type": "trigger"},
+                       {"id": "s", "type": "tool", "data": {"tool": "shout_here", "args": {"text": "hi"}}}],
+             "edges": [{"source": "start", "target": "s"}]}
+    (tmp_path / "graph.json").write_text(json.dumps(graph))
+    env = postgres_backend.env() | {"PAL_TOOL_MODULES": "myapp.tools"}
+    assert str(tmp_path) not in env["PYTHONPATH"]
+    # The installed `pal` script, not `python -m` (which puts the current folder on the path itself).
+    script = str(Path(sys.executable).parent / "pal")
+    started = subprocess.run([script, "run", "graph.json", "--no-follow"], env=env,
+                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0 and "queued" in started.stdout, started.stderr
+    elsewhere = subprocess.run([script, "run", str(tmp_path / "graph.json"), "--no-follow"], env=env,
+                               cwd=tmp_path.parent, capture_output=True, text=True, timeout=120)
+    assert elsewhere.returncode != 0 and "cannot import tool module 'myapp.tools'" in elsewhere.stderr
