@@ -66,6 +66,12 @@ def test_pal_worker_starts_without_mingle_or_gossip(postgres_backend: Backend, t
     text = log.read_text()
     assert " ready." in text, text
     assert "mingle:" not in text, text
+    # Its banner says what it runs against and which tools it loaded.
+    settings = postgres_backend.settings
+    assert f"pal worker: queues {settings.queue}, broker {settings.broker_url}\n" in text, text
+    assert "pal worker: journal postgresql://[redacted]@127.0.0.1:5432/" in text, text  # no credentials
+    assert f"pal worker: lease {settings.lease_ttl:g}s, orphan sweep every" in text, text
+    assert ", count, " in text, text  # tests.support.tools, loaded from PAL_TOOL_MODULES
 
 
 def test_pal_run_follow_shows_steps_live(backend: Backend, pal_worker: subprocess.Popen[bytes],

@@ -20,10 +20,19 @@ def worker(
         "--vm-host", help="Also start the VMs of microVM runs on this machine (PAL_VM_QUEUE).")] = False,
 ) -> None:
     """Run a Celery worker that executes graph nodes (same as `celery -A pal.workers worker`)."""
+    from pal.core.redact import redact_text
+    from pal.tools import registered_tools
     from pal.workers import app as celery_app
 
-    settings = celery_app.runtime.settings
+    settings = celery_app.runtime.settings  # the runtime has imported PAL_TOOL_MODULES by now
     queues = f"{settings.queue},{settings.vm_queue}" if vm_host else settings.queue
+    # What this worker will do, before Celery's own banner: credentials in URLs are masked.
+    typer.echo(redact_text(f"pal worker: queues {queues}, broker {settings.broker_url}"), err=True)
+    typer.echo(redact_text(f"pal worker: journal {settings.database_url}"), err=True)
+    tools = ", ".join(sorted(registered_tools())) or "none"
+    typer.echo(f"pal worker: lease {settings.lease_ttl:g}s, orphan sweep every "
+               f"{settings.recovery_interval:g}s (run `pal beat` once per deployment), tools: {tools}",
+               err=True)
     argv = ["worker", f"--loglevel={loglevel}", f"--pool={pool}",
             f"--queues={queues}", *WORKER_QUIET_FLAGS]
     if concurrency:
