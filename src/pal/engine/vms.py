@@ -62,7 +62,8 @@ def resume_microvm_runs(rt: Runtime, now: datetime, limit: int) -> dict[str, str
             log.exception("sweep: resuming microVM run %s failed; the next pass retries", run_id)
             continue
         decided[run_id] = str(action)
-        _trace_vm_takeover(rt, run_id, order, now)
+        if action is not ResumeAction.SKIP:  # a live VM's generation goes on: no root yet
+            _trace_vm_takeover(rt, run_id, order, now)
         if order is not None:
             rt.publish_vm(order.vm_id)
             log.info("sweep: microVM run %s resumed in VM %s (attempt %d)", run_id, order.vm_id,
