@@ -3,16 +3,22 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BASE_STAMP := $(VENV)/.installed-base
 
 .PHONY: demo test test-qemu lint typecheck unit bench soak clean browser vm-guest
 
-$(STAMP): pyproject.toml
+# `make demo` installs PAL alone; `make test` adds the dev tools (pytest, ruff, mypy, playwright, ...).
+$(BASE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $(BASE_STAMP)
+
+$(STAMP): $(BASE_STAMP)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(BASE_STAMP)
 	env -u PAL_DATABASE_URL -u PAL_BROKER_URL $(BIN)/pal demo
 
 # The whole suite in two lanes at once, then the tests that restart Postgres alone (tests/run_suite.py);

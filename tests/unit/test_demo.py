@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pal.cli.demo import demo_model, triage_graph
+from pal.cli.demo_graph import demo_model, triage_graph
 from pal.plan.graph import parse_graph
 
 

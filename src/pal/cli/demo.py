@@ -1,20 +1,25 @@
-"""`pal demo`: triage support tickets with a small agent graph on the embedded default.
+"""`pal demo`: triage support tickets with an agent graph on the embedded default, crash the worker
+in the middle of a step, recover, and decide the approvals.
 
-The graph fans out (classify the ticket, look up the customer), joins, branches on urgency and
-drafts a reply with an ai-step. The model is the offline `scripted` provider unless OPENAI_API_KEY
-or ANTHROPIC_API_KEY is set, in which case the reply comes from that provider. The demo starts its
-own `pal worker` process, so every node is one Celery message handled by another process, and
-every step lands in the journal with its tokens and cost.
+The graph and its tools are in pal.cli.demo_graph. The demo starts its own `pal worker` process, so
+every node is one Celery message handled by another process. While one run's slow CRM lookup is
+running it kills that worker (SIGKILL, the pool children too), starts a new one, and runs one pass of
+the orphan sweep (what celery beat sends every PAL_RECOVERY_INTERVAL) once the dead worker's lease
+has expired: the run goes on from the step that was cut off, and the tool ledger shows that no
+finished step ran again. Urgent tickets wait at an approval; the demo prints each one's prompt,
+what it shows and the command a person would type, and decides it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,112 +27,35 @@ import typer
 
 from pal.cli import common
 from pal.cli.common import EXIT_RUN_FAILED, EXIT_TIMEOUT
-from pal.tools import tool
+from pal.cli.demo_graph import (
+    DEMO_TICKETS,
+    LEDGER_VARIABLE,
+    SLOW_CUSTOMER,
+    demo_model,
+    ledger_counts,
+    triage_graph,
+)
 
-DEMO_TICKETS = [
-    {"id": "T-1001", "customer": "acme", "text": "I was charged twice this month, please refund!"},
-    {"id": "T-1002", "customer": "globex", "text": "How do I export my data to CSV?"},
-    {"id": "T-1003", "customer": "initech", "text": "Production is down, the API returns 500s"},
-]
-
-def demo_model(env: Mapping[str, str] | None = None) -> tuple[str, str]:
-    """(provider, model) of the demo's ai-step: a real provider when its key is set."""
-    env = os.environ if env is None else env
-    if env.get("OPENAI_API_KEY"):
-        return "openai", "gpt-4o-mini"
-    if env.get("ANTHROPIC_API_KEY"):
-        return "anthropic", "claude-haiku-4-5"
-    return "scripted", "scripted-1"
+DEMO_LEASE_TTL = "3s"  # short, so the demo's recovery comes seconds after the crash, not 30 s
+CRASHED_STEP = "customer"
 
 
-def _draft(node_id: str, urgent: bool, provider: str, model: str) -> dict[str, Any]:
-    tone = "Apologise and promise an update within the hour." if urgent else "Be friendly and brief."
-    return {"id": node_id, "type": "ai-step",
-            "data": {"provider": provider, "model": model, "maxTokens": 200,
-                     "system": f"You write replies for a support team. {tone}",
-                     "prompt": "Reply to {{ nodes.customer.output.contact }} about their "
-                               "{{ nodes.classify.output.category }} ticket: {{ input.text }}",
-                     "retry": {"maxAttempts": 3, "backoffMs": 500, "retryableClasses": ["llm", "timeout"]}}}
-
-
-def triage_graph(provider: str = "scripted", model: str = "scripted-1") -> dict[str, Any]:
-    return {
-        "name": "support-triage",
-        "nodes": [
-            {"id": "ticket", "type": "trigger"},
-            {"id": "classify", "type": "tool",
-             "data": {"tool": "classify_ticket", "args": {"text": "{{ input.text }}"}}},
-            {"id": "customer", "type": "tool",
-             "data": {"tool": "lookup_customer", "args": {"name": "{{ input.customer }}"}}},
-            {"id": "is_urgent", "type": "condition",
-             "data": {"expression": "{{ nodes.classify.output.priority == 'high' "
-                                    "or nodes.customer.output.plan == 'enterprise' }}"}},
-            {"id": "escalate", "type": "tool",
-             "data": {"tool": "page_on_call",
-                      "args": {"ticket": "{{ input.id }}",
-                               "category": "{{ nodes.classify.output.category }}"}}},
-            _draft("urgent_reply", True, provider, model),
-            _draft("reply", False, provider, model),
-            {"id": "escalated", "type": "output",
-             "data": {"value": {"ticket": "{{ input.id }}", "reply": "{{ nodes.urgent_reply.output.text }}",
-                                "paged": "{{ nodes.escalate.output.paged }}"}}},
-            {"id": "answered", "type": "output",
-             "data": {"value": {"ticket": "{{ input.id }}", "reply": "{{ nodes.reply.output.text }}"}}},
-        ],
-        "edges": [
-            {"source": "ticket", "target": "classify"},
-            {"source": "ticket", "target": "customer"},
-            {"source": "classify", "target": "is_urgent"},
-            {"source": "customer", "target": "is_urgent"},
-            {"source": "is_urgent", "target": "escalate", "sourceHandle": "true"},
-            {"source": "escalate", "target": "urgent_reply"},
-            {"source": "urgent_reply", "target": "escalated"},
-            {"source": "is_urgent", "target": "reply", "sourceHandle": "false"},
-            {"source": "reply", "target": "answered"},
-        ],
-    }
-
-
-TRIAGE_GRAPH = triage_graph()
-
-_CUSTOMERS = {
-    "acme": {"contact": "Ada at Acme", "plan": "pro"},
-    "globex": {"contact": "Grace at Globex", "plan": "free"},
-    "initech": {"contact": "Ian at Initech", "plan": "enterprise"},
-}
-
-
-@tool
-def classify_ticket(text: str) -> dict[str, str]:
-    """A keyword classifier: cheap rules first, the model only for the reply."""
-    lowered = text.lower()
-    if any(word in lowered for word in ("charged", "refund", "invoice")):
-        return {"category": "billing", "priority": "high"}
-    if any(word in lowered for word in ("down", "500", "outage")):
-        return {"category": "incident", "priority": "high"}
-    return {"category": "how-to", "priority": "normal"}
-
-
-@tool
-def lookup_customer(name: str) -> dict[str, str]:
-    return _CUSTOMERS.get(name, {"contact": name, "plan": "free"})
-
-
-@tool
-def page_on_call(ticket: str, category: str) -> dict[str, Any]:
-    return {"paged": f"on-call for {category}", "ticket": ticket}
-
-
-def start_worker_process(home: Path, concurrency: int = 2) -> subprocess.Popen[bytes]:
+def start_worker_process(home: Path, concurrency: int = 2, *, ledger: Path | None = None,
+                         lease_ttl: str | None = None) -> subprocess.Popen[bytes]:
+    """A `pal worker` in a session of its own, so the demo can kill it with its pool children."""
     env = dict(os.environ)
     modules = [m for m in env.get("PAL_TOOL_MODULES", "").split(",") if m]
-    env["PAL_TOOL_MODULES"] = ",".join([*modules, "pal.cli.demo"])
+    env["PAL_TOOL_MODULES"] = ",".join([*modules, "pal.cli.demo_graph"])
+    if ledger is not None:
+        env[LEDGER_VARIABLE] = str(ledger)
+    if lease_ttl is not None:
+        env["PAL_LEASE_TTL"] = lease_ttl
     log_path = home / "demo-worker.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
+    with log_path.open("ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "pal.cli", "worker", "--concurrency", str(concurrency)],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
 
 
@@ -141,6 +69,13 @@ def stop_process(process: subprocess.Popen[bytes], timeout: float = 15.0) -> Non
             process.wait()
 
 
+def kill_process_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process and every process of its session (a worker's pool children)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 def wait_until(predicate: Any, timeout: float, poll: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -150,59 +85,180 @@ def wait_until(predicate: Any, timeout: float, poll: float = 0.1) -> bool:
     return bool(predicate())
 
 
+def pal_command() -> str:
+    """How to type `pal` in this shell: `pal` if that is this installation on PATH, else its path
+    (relative when it is under the current folder: `.venv/bin/pal` after `make demo`)."""
+    here = Path(sys.executable).parent / "pal"
+    on_path = shutil.which("pal")
+    if on_path and Path(on_path).resolve() == here.resolve():
+        return "pal"
+    try:
+        return str(here.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(here.absolute())
+
+
+class _Watch:
+    """Prints every run's new journal events, and answers what has happened so far."""
+
+    def __init__(self, client: Any, names: dict[str, str], emit: Callable[[str], None]) -> None:
+        from pal.cli.progress import describe
+
+        self.client, self.names, self.emit, self.describe = client, names, emit, describe
+        self.seen = dict.fromkeys(names, 0)
+        self.started: set[tuple[str, str]] = set()
+
+    def drain(self) -> bool:
+        """Print what landed; True when every run has finished."""
+        for run_id, last in self.seen.items():
+            for event in self.client.events(run_id, last):
+                self.emit(f"  [{self.names[run_id]}] {self.describe(event)}")
+                self.seen[run_id] = event.seq
+                if event.kind == "step_started" and event.step_id:
+                    self.started.add((run_id, event.step_id))
+        return all(self.client.get_run(r).terminal for r in self.names)
+
+
+def _crash_and_recover(client: Any, watch: _Watch, run_id: str, worker: subprocess.Popen[bytes],
+                       home: Path, ledger: Path, timeout: float, say: Callable[[str], None],
+                       ) -> subprocess.Popen[bytes]:
+    """Kill the worker while `run_id` runs CRASHED_STEP; start another; sweep once the lease lapsed."""
+    from pal.core.clock import utcnow
+    from pal.engine.recovery import sweep
+
+    ticket = watch.names[run_id]
+    if not wait_until(lambda: watch.drain() or (run_id, CRASHED_STEP) in watch.started, timeout):
+        common.fail(f"{ticket} never started {CRASHED_STEP}; see {home}/demo-worker.log", EXIT_TIMEOUT)
+    say(f">>> CRASH: kill -9 the worker (pid {worker.pid} and its pool children) while "
+        f"[{ticket}] runs {CRASHED_STEP!r}, a slow CRM lookup")
+    kill_process_group(worker)
+    worker = start_worker_process(home, ledger=ledger, lease_ttl=DEMO_LEASE_TTL)
+    say(f"started a new worker (pid {worker.pid}); the dead worker's lease on [{ticket}] lapses within "
+        f"{DEMO_LEASE_TTL}, and nobody will finish {CRASHED_STEP!r} until the sweep takes the run over")
+
+    def lease_lapsed() -> bool:
+        watch.drain()
+        lease = client.runtime.journal.get_lease(run_id)
+        return lease is None or lease.expires_at <= utcnow()
+
+    if not wait_until(lease_lapsed, timeout):
+        common.fail(f"the lease of {run_id} never lapsed", EXIT_TIMEOUT)
+    report = sweep(client.runtime)
+    for recovered_id, recovery in report.recovered.items():
+        say(f">>> RECOVERY: the orphan sweep (celery beat runs it every PAL_RECOVERY_INTERVAL; "
+            f"the demo ran one pass now) took over [{watch.names.get(recovered_id, recovered_id)}] at "
+            f"lease generation {recovery.generation}; it resumes {', '.join(recovery.resumed_steps)} "
+            "and reuses the saved result of every finished step")
+    return worker
+
+
+def _decide_approvals(client: Any, watch: _Watch, decided: set[tuple[str, str]], pal: str,
+                      say: Callable[[str], None]) -> None:
+    """Decide each new pending approval as a person would: approve incidents, hold the rest."""
+    for run_id, ticket in watch.names.items():
+        for pending in client.pending_approvals(run_id):
+            if (run_id, pending.step_id) in decided:
+                continue
+            decided.add((run_id, pending.step_id))
+            approve = "down" in str(pending.show).lower() or "500" in str(pending.show)
+            decision = "approved" if approve else "rejected"
+            comment = ("production is down: page now" if approve
+                       else "billing can wait for office hours; no page")
+            say(f">>> APPROVAL: [{ticket}] waits at {pending.step_id!r}: {pending.prompt}\n"
+                f"    it shows: {pending.show}\n"
+                f"    a person decides with: {pal} runs {decision[:-1]} {run_id} {pending.step_id} "
+                f"--comment '...'\n"
+                f"    the demo decides: {decision[:-1]}, comment {comment!r}")
+            client.decide(run_id, pending.step_id, decision, comment=comment, by="demo")
+
+
 def demo(
     tickets: Annotated[int, typer.Option(min=1, max=len(DEMO_TICKETS),
                                          help="How many tickets to triage.")] = 3,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the runs.")] = 120.0,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each phase.")] = 120.0,
+    crash: Annotated[bool, typer.Option(help="Kill the worker mid-step and recover.")] = True,
 ) -> None:
-    """Triage support tickets with an agent graph, one node per Celery message, and print the
-    journal. Uses the embedded default (SQLite + filesystem broker) unless PAL_* say otherwise."""
-    from pal.cli.progress import console, describe, journal_table
+    """Triage support tickets with an agent graph (one node per Celery message), kill the worker
+    mid-step and recover, decide the approvals, and print the journal. Uses the embedded default
+    (SQLite + filesystem broker) unless PAL_* say otherwise."""
+    from pal.cli.progress import console, journal_table
     from pal.storage.database import shared_engine
     from pal.storage.schema.migrate import upgrade
 
     settings = common.settings()
     out = console()
-    out.print(f"PAL demo: journal {settings.database_url}, broker {settings.broker_url}")
+
+    def say(text: Any) -> None:
+        out.print(text, soft_wrap=True)  # a long line stays one line, for a pipe or a test as well
+
+    say(f"PAL demo: journal {settings.database_url}, broker {settings.broker_url}")
     upgrade(shared_engine(settings.database_url))
-    out.print("schema up to date; starting a `pal worker` process (2 children)…")
-    worker_process = start_worker_process(settings.home)
+    ledger = settings.home / "demo-ledger.jsonl"
+    ledger.unlink(missing_ok=True)
+    say(f"schema up to date; starting a `pal worker` process (2 children, lease {DEMO_LEASE_TTL})…")
+    worker = start_worker_process(settings.home, ledger=ledger, lease_ttl=DEMO_LEASE_TTL)
+    pal = pal_command()
     try:
         client = common.client()
-        names: dict[str, str] = {}
         provider, model = demo_model()
-        out.print(f"replies are drafted by an ai-step: provider {provider}, model {model}"
+        say(f"replies are drafted by an ai-step: provider {provider}, model {model}"
                   + (" (offline; set OPENAI_API_KEY or ANTHROPIC_API_KEY for a real one)"
                      if provider == "scripted" else ""))
         graph = triage_graph(provider, model)
+        names: dict[str, str] = {}
         for ticket in DEMO_TICKETS[:tickets]:
             run_id = client.start_run(graph, ticket)
             names[run_id] = ticket["id"]
-            out.print(f"queued {run_id} for ticket {ticket['id']}: {ticket['text']!r}")
-        seen = dict.fromkeys(names, 0)
+            say(f"queued {run_id} for ticket {ticket['id']}: {ticket['text']!r}")
+        watch = _Watch(client, names, say)
+        slow = [r for r, t in names.items() if t == "T-1003"]
+        if crash and slow:
+            worker = _crash_and_recover(client, watch, slow[0], worker, settings.home, ledger, timeout,
+                                        say)
+        decided: set[tuple[str, str]] = set()
 
-        def drain() -> bool:
-            for run_id, last in seen.items():
-                for event in client.events(run_id, last):
-                    out.print(f"  [{names[run_id]}] {describe(event)}")
-                    seen[run_id] = event.seq
-            return all(client.get_run(r).terminal for r in names)
+        def drive() -> bool:
+            finished = watch.drain()
+            _decide_approvals(client, watch, decided, pal, say)
+            return finished
 
-        if not wait_until(drain, timeout):
+        if not wait_until(drive, timeout):
             common.fail(f"runs not finished after {timeout:g}s; see {settings.home}/demo-worker.log",
-                  EXIT_TIMEOUT)
-        drain()
-        failed = 0
-        for run_id, ticket_id in names.items():
-            record = client.get_run(run_id)
-            failed += record.status != "succeeded"
-            out.print(journal_table(client.events(run_id),
-                                    f"journal of {run_id} (ticket {ticket_id}): {record.status}, "
-                                    f"{record.input_tokens}+{record.output_tokens} tokens, "
-                                    f"${record.cost_usd:.6f}"))
-        out.print(f"{len(names) - failed} of {len(names)} runs succeeded; "
-                  f"each step above was one Celery message. Inspect with `pal runs list`.")
+                        EXIT_TIMEOUT)
+        failed = _summary(client, names, ledger, out.print, journal_table)
+        _suggest(pal, slow[0] if slow else next(iter(names)), settings, say)
         if failed:
             raise typer.Exit(EXIT_RUN_FAILED)
     finally:
-        stop_process(worker_process)
+        stop_process(worker)
+
+
+def _summary(client: Any, names: dict[str, str], ledger: Path, say: Callable[[Any], None],
+             journal_table: Any) -> int:
+    failed = 0
+    for run_id, ticket_id in names.items():
+        record = client.get_run(run_id)
+        failed += record.status != "succeeded"
+        say(journal_table(client.events(run_id),
+                          f"journal of {run_id} (ticket {ticket_id}): {record.status}, "
+                          f"{record.input_tokens}+{record.output_tokens} tokens, ${record.cost_usd:.6f}"))
+    counts = ledger_counts(ledger)
+    say("tool calls, from the ledger the tools append to:")
+    for (name, key), n in sorted(counts.items()):
+        why = (" (the call the crash cut off, then its re-run)" if n > 1 and key == SLOW_CUSTOMER
+               else "")
+        say(f"  {name}({key!r}): {n}{why}")
+    say(f"{len(names) - failed} of {len(names)} runs succeeded; each step above was one Celery message, "
+        "and no step that had finished ran again after the crash.")
+    return failed
+
+
+def _suggest(pal: str, run_id: str, settings: Any, say: Callable[[str], None]) -> None:
+    if settings.database_url.startswith("sqlite:"):
+        say("(`make demo` ignores PAL_DATABASE_URL and PAL_BROKER_URL; if this shell sets them, unset "
+            "them before pasting the commands below)")
+    say(f"Look around (from this folder; the journal is in {settings.home}):\n"
+        f"  {pal} runs list\n"
+        f"  {pal} runs show {run_id}\n"
+        f"  {pal} runs events {run_id}\n"
+        f"  {pal} doctor")
