@@ -156,3 +156,21 @@ def test_the_doctor_flags_a_reused_step_outside_a_derived_runs_opening(journal: 
     assert found == [("reused_out_of_place", "plain", "a")]
     with journal.engine.begin() as conn:  # leave the journal clean for the fixture's check
         conn.exec_driver_sql("DELETE FROM journal_events WHERE run_id = 'plain' AND step_id = 'a'")
+
+
+def test_recovery_replays_a_derived_run_from_its_reused_steps(journal: Journal) -> None:
+    """A derived run whose first messages were lost: the re-drive's plan sees the reused outputs as
+    completed steps and resumes only what is left (docs/recovery.md)."""
+    failed_source(journal)
+    derive(journal)
+    seen: list[dict[str, Any]] = []
+
+    def plan(_run: RunRecord, completed: Mapping[str, Any]) -> tuple[str, ...]:
+        seen.append(dict(completed))
+        return ("c",)
+
+    recovery = journal.recover_run(run_id="d1", worker_id="sweep", now=at(10 + TTL + 1), lease_ttl=TTL, plan=plan)
+    assert recovery is not None and recovery.resumed_steps == ("c",) and recovery.generation == 2
+    assert seen == [{"a": {"step": "a"}, "b": {"step": "b"}}]
+    kit.claim_and_complete(journal, "c", kit.finishing("done"), run_id="d1", generation=2, seconds=10 + TTL + 2)
+    assert journal.get_run("d1").status == RunStatus.SUCCEEDED
