@@ -8,6 +8,7 @@ from typing import Any
 
 from pal.config import Settings, load_settings
 from pal.core.records import Event, Handoff, RunRecord
+from pal.engine.lineage import SAME_INPUT, fork_run, retry_run
 from pal.engine.runs import cancel, start_run
 from pal.engine.waiting import PendingApproval, decide, pending_approvals
 from pal.errors import PalError, StorageError
@@ -45,6 +46,22 @@ class Client:
         record, _ = start_run(self.runtime, graph, input, run_id=run_id, tenant_id=tenant_id, limits=limits,
                               traceparent=traceparent)
         return record.id
+
+    def retry_run(self, run_id: str, *, new_run_id: str | None = None) -> str:
+        """A new run retrying a failed or cancelled run (its completed steps reused); its id
+        (docs/retry-and-fork.md). The same `new_run_id` twice returns the same run."""
+        return retry_run(self.runtime, run_id, run_id=new_run_id).run.id
+
+    def fork_run(self, run_id: str, from_step: str, input: Any = SAME_INPUT, *,
+                 new_run_id: str | None = None) -> str:
+        """A new run from a finished run's `from_step` on (the steps before it reused), with the
+        source's input unless `input` is given; its id (docs/retry-and-fork.md)."""
+        return fork_run(self.runtime, run_id, from_step, input, run_id=new_run_id).run.id
+
+    def derived_runs(self, run_id: str) -> list[dict[str, Any]]:
+        """The runs retried or forked from `run_id`: {run_id, kind, status}, oldest first."""
+        self.runtime.journal.get_run(run_id)  # RunNotFound for an unknown id
+        return self.runtime.journal.derived_runs(run_id)
 
     def anomalies(self, run_id: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
         """Anomalies journaled, newest first: of one run, or of every run of this client's tenant."""

@@ -9,8 +9,8 @@ off (no PAL_SIGNING_KEY), 503 the journal database failed."""
 
 # The docstring above is the API's OpenAPI description (`description=__doc__`), so it speaks to
 # clients. This module assembles the control plane: the guarded FastAPI app, its lifespan, the
-# error handlers of pal.api.errors and the routers of pal.api.runs, .approvals, .stream and
-# .dashboard, which reach the runtime and the notifier through pal.api.deps.
+# error handlers of pal.api.errors and the routers of pal.api.runs, .approvals, .lineage, .stream
+# and .dashboard, which reach the runtime and the notifier through pal.api.deps.
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from pal.api import approvals, receipts, runs, stream
+from pal.api import approvals, lineage, receipts, runs, stream
 from pal.api import runtime as runtime_reports
 from pal.api.dashboard import add_dashboard
 from pal.api.errors import add_error_handlers
@@ -82,7 +82,8 @@ def create_api(settings: Settings, runtime: Runtime | None = None,
     add_error_handlers(api)
     if settings.signing_key:  # a bad key stops `pal api` at its start, not at the first receipt
         trusted_keys(settings)
-    for router in (runs.router, approvals.router, stream.router, runtime_reports.router, receipts.router):
+    for router in (runs.router, approvals.router, stream.router, runtime_reports.router, receipts.router,
+                   lineage.router):
         api.include_router(router)
     add_docs(api)
     add_dashboard(api)

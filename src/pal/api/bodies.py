@@ -39,3 +39,14 @@ class Decision(Body):
 
 class Cancel(Body):
     reason: str | None = None
+
+
+class RetryRun(Body):
+    run_id: str | None = Field(None, description="Your own id for the new run: the same id twice returns it")
+
+
+class ForkRun(Body):
+    from_step: str = Field(description="The graph node to run again from: it and what follows run, "
+                                       "the steps before it are reused")
+    input: Any = Field(None, description="The new run's input; left out, the source run's")
+    run_id: str | None = Field(None, description="Your own id for the new run: the same id twice returns it")

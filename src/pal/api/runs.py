@@ -52,7 +52,8 @@ def list_runs(caller: Auth, rt: Rt, status: Annotated[str | None, Query()] = Non
 
 @router.get("/v1/runs/{run_id}")
 def get_run(run_id: str, caller: Auth, rt: Rt) -> dict[str, Any]:
-    return own_run(rt, run_id, caller).as_dict()
+    """The run; `derived_runs` lists the runs retried or forked from it (docs/retry-and-fork.md)."""
+    return own_run(rt, run_id, caller).as_dict() | {"derived_runs": rt.journal.derived_runs(run_id)}
 
 
 @router.get("/v1/runs/{run_id}/journal")

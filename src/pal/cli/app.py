@@ -2,6 +2,7 @@
 
     pal db upgrade|grant, pal doctor          pal.cli.db
     pal run, pal runs ..., pal anomalies      pal.cli.runs
+    pal runs retry|fork                       pal.cli.lineage
     pal tokens ...                            pal.cli.tokens
     pal receipts ...                          pal.cli.receipts
     pal worker|beat|api|flower                pal.cli.servers
@@ -18,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from pal.cli import db, demo, receipts, runs, servers, tokens
+from pal.cli import db, demo, lineage, receipts, runs, servers, tokens
 from pal.cli.common import exit_code
 from pal.errors import PalError
 
@@ -44,6 +45,8 @@ def root(
 
 
 app.add_typer(db.db_app, name="db")
+runs.runs_app.command("retry")(lineage.runs_retry)
+runs.runs_app.command("fork")(lineage.runs_fork)
 app.add_typer(runs.runs_app, name="runs")
 app.add_typer(tokens.tokens_app, name="tokens")
 app.add_typer(receipts.receipts_app, name="receipts")

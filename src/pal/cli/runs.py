@@ -88,9 +88,10 @@ def runs_show(
     run_id: str,
     as_json: common.AsJson = False,
 ) -> None:
-    """Show one run."""
-    record = common.checked(lambda: common.client().get_run(run_id))
-    data = record.as_dict()
+    """Show one run, with its lineage both ways: its source_* and the runs derived from it."""
+    client = common.client()
+    record = common.checked(lambda: client.get_run(run_id))
+    data = record.as_dict() | {"derived_runs": client.derived_runs(run_id)}
     if as_json:
         common.print_json(data)
         return

@@ -41,6 +41,10 @@ class RunRecord:
     started_at: datetime | None
     finished_at: datetime | None
     limits: Mapping[str, Any] | None = None  # the run's own budget, over its plan's (docs/anomalies.md)
+    # Lineage (docs/retry-and-fork.md): the run this one retries or forks, how, and the fork's step.
+    source_run_id: str | None = None
+    source_kind: str | None = None  # a SourceKind
+    source_step_id: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -55,6 +59,8 @@ class RunRecord:
             "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
             "created_at": iso(self.created_at), "started_at": iso(self.started_at),
             "finished_at": iso(self.finished_at), "limits": self.limits,
+            "source_run_id": self.source_run_id, "source_kind": self.source_kind,
+            "source_step_id": self.source_step_id,
         }
 
 

@@ -27,6 +27,8 @@ class EventKind(StrEnum):
     RUN_QUEUED = "run_queued"
     RUN_RECOVERED = "run_recovered"  # the sweep (or an operator) stole the lease: generation + 1
     RUN_REDELIVERED = "run_redelivered"  # a recovery's messages sent again
+    RUN_RETRIED = "run_retried"  # this run retries another: its reused steps follow (docs/retry-and-fork.md)
+    RUN_FORKED = "run_forked"  # this run forks another from a step: its reused steps follow
     RUN_SUCCEEDED = "run_succeeded"
     RUN_FAILED = "run_failed"
     RUN_CANCELLED = "run_cancelled"
@@ -46,6 +48,17 @@ TERMINAL_EVENT = {RunStatus.SUCCEEDED: EventKind.RUN_SUCCEEDED, RunStatus.FAILED
                   RunStatus.CANCELLED: EventKind.RUN_CANCELLED}
 """The one terminal event of a run that ends with each status."""
 TERMINAL_EVENT_KINDS = tuple(TERMINAL_EVENT.values())
+
+
+class SourceKind(StrEnum):
+    """How a run derives from another (`runs.source_kind`, docs/retry-and-fork.md)."""
+
+    RETRY = "retry"  # the same graph and input, from a failed or cancelled run's failed steps
+    FORK = "fork"  # from a chosen step on, with the source's input or a new one
+
+
+DERIVED_EVENT = {SourceKind.RETRY: EventKind.RUN_RETRIED, SourceKind.FORK: EventKind.RUN_FORKED}
+"""The event that opens a derived run's journal, before the steps it reuses."""
 
 
 class LockHolder(StrEnum):

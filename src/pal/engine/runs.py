@@ -31,6 +31,15 @@ def new_run_id() -> str:
     return f"run_{uuid.uuid4().hex}"
 
 
+def check_run_id(run_id: Any) -> None:
+    """InputError unless `run_id` is None or an id a caller may choose (docs/security.md)."""
+    if run_id is not None and (not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id)):
+        raise InputError(f"run id {run_id!r} is invalid: 1-128 letters, digits, _ . : - "
+                         "starting with a letter or digit")
+    if run_id is not None and run_id.lower().startswith(CHILD_PREFIX):
+        raise InputError(f"run ids starting with {CHILD_PREFIX!r} are reserved for subagents' child runs")
+
+
 def check_run_input(run_input: Any, max_bytes: int, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Any:
     """The input as it will be stored; InputError when it is not JSON, too large or too deep."""
     problem = depth_problem(run_input, max_depth, "run input")
@@ -66,11 +75,7 @@ def start_run(
     this call created it. Nothing is written for invalid input.
     """
     settings = rt.settings
-    if run_id is not None and (not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id)):
-        raise InputError(f"run id {run_id!r} is invalid: 1-128 letters, digits, _ . : - "
-                         "starting with a letter or digit")
-    if run_id is not None and run_id.lower().startswith(CHILD_PREFIX):
-        raise InputError(f"run ids starting with {CHILD_PREFIX!r} are reserved for subagents' child runs")
+    check_run_id(run_id)
     run_input = check_run_input(run_input, settings.max_input_bytes, settings.max_json_depth)
     problems = limits_problems(limits)
     if problems:

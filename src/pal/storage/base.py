@@ -175,5 +175,6 @@ def run_record(row: sa.RowMapping, graph: Any) -> RunRecord:
         parent_step_id=row["parent_step_id"], cost_usd=Decimal(row["cost_usd"]),
         input_tokens=row["input_tokens"], output_tokens=row["output_tokens"],
         created_at=row["created_at"], started_at=row["started_at"],
-        finished_at=row["finished_at"], limits=row["limits"],
+        finished_at=row["finished_at"], limits=row["limits"], source_run_id=row["source_run_id"],
+        source_kind=row["source_kind"], source_step_id=row["source_step_id"],
     )

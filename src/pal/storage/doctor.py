@@ -12,7 +12,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from pal.core.records import Violation
-from pal.core.vocabulary import TERMINAL_EVENT, TERMINAL_EVENT_KINDS, TERMINAL_STATUSES, EventKind
+from pal.core.vocabulary import (
+    DERIVED_EVENT,
+    TERMINAL_EVENT,
+    TERMINAL_EVENT_KINDS,
+    TERMINAL_STATUSES,
+    EventKind,
+)
 from pal.storage.base import StoreBase
 from pal.storage.schema import journal_events, run_locks, runs, side_effect_receipts
 
@@ -35,7 +41,7 @@ class Doctor(StoreBase):
         ready-order check runs only when the journal was given the planner (`program_of`)."""
         checks = [self._twice, self._terminal_leases, self._status_vs_journal, self._unstarted,
                   self._started_again, self._orphan_receipts, self._totals, self._seq_order,
-                  self._anomalies_twice, self._started_past_budget]
+                  self._anomalies_twice, self._started_past_budget, self._reused_out_of_place]
         if self._program_of is not None:
             checks.append(self._out_of_order)
         with self._tx() as conn:
@@ -72,14 +78,34 @@ class Doctor(StoreBase):
 
     def _unstarted(self, conn: sa.Connection) -> list[Violation]:
         je, started = journal_events, journal_events.alias("started")
-        rows = conn.execute(sa.select(je.c.run_id, je.c.step_id, je.c.attempt, je.c.seq).where(
+        rows = conn.execute(sa.select(je.c.run_id, je.c.step_id, je.c.attempt, je.c.seq, je.c.payload).where(
             je.c.kind == EventKind.STEP_COMPLETED, ~sa.exists().where(
                 started.c.run_id == je.c.run_id, started.c.step_id == je.c.step_id,
                 started.c.attempt == je.c.attempt, started.c.kind == EventKind.STEP_STARTED,
                 started.c.seq < je.c.seq)))
+        # A step a retry or fork reused never started in its new run: _reused_out_of_place checks it.
         return [Violation("completed_without_start", r.run_id, r.step_id,
                           f"step_completed (seq {r.seq}) of attempt {r.attempt} has no earlier step_started")
-                for r in rows]
+                for r in rows if not _reused(r.payload)]
+
+    def _reused_out_of_place(self, conn: sa.Connection) -> list[Violation]:
+        """A reused completion (`reused_from`) opens a derived run's journal: after its
+        `run_retried`/`run_forked`, before any step of the run started (docs/retry-and-fork.md)."""
+        je, found = journal_events, []
+        kinds = (EventKind.STEP_COMPLETED, EventKind.STEP_STARTED, *DERIVED_EVENT.values())
+        rows = conn.execute(sa.select(je.c.run_id, je.c.step_id, je.c.kind, je.c.seq, je.c.payload)
+                            .where(je.c.kind.in_(kinds)).order_by(je.c.run_id, je.c.seq))
+        for run_id, events in itertools.groupby(rows, key=lambda r: r.run_id):
+            opened = started = False
+            for event in events:
+                opened = opened or event.kind in DERIVED_EVENT.values()
+                started = started or event.kind == EventKind.STEP_STARTED
+                reused = event.kind == EventKind.STEP_COMPLETED and _reused(event.payload)
+                if reused and (started or not opened):
+                    where = "after a step started" if started else "in a run derived from none"
+                    found.append(Violation("reused_out_of_place", run_id, event.step_id,
+                                           f"reused step_completed (seq {event.seq}) {where}"))
+        return found
 
     def _started_again(self, conn: sa.Connection) -> list[Violation]:
         """A step started after it completed: a replay or a claim ran a finished step again."""
@@ -188,3 +214,8 @@ class Doctor(StoreBase):
                     found.append(Violation("completed_out_of_order", run_id, event.step_id, why))
                 completed[event.step_id] = (event.payload or {}).get("output")
         return found
+
+
+def _reused(payload: Any) -> bool:
+    """Whether a step_completed is a step a retry or fork reused from its source run."""
+    return isinstance(payload, dict) and payload.get("reused_from") is not None

@@ -41,12 +41,7 @@ class RunStore(Primitives):
                 if parent.terminal:
                     raise Refused(f"run {parent_run_id} is {parent.status}; it starts no child runs")
             elif max_in_flight is not None and not self._exists(conn, run_id):
-                in_flight = conn.execute(sa.select(sa.func.count()).select_from(runs).where(
-                    runs.c.tenant_id == tenant_id, runs.c.status.in_(IN_FLIGHT_STATUSES),
-                    runs.c.parent_run_id.is_(None))).scalar_one()
-                if in_flight >= max_in_flight:
-                    raise QuotaExceeded(f"tenant {tenant_id!r} has {in_flight} runs queued or running, the "
-                                        f"most PAL_MAX_RUNS_IN_FLIGHT allows ({max_in_flight}); try later")
+                self._check_quota(conn, tenant_id, max_in_flight)
             inserted = conn.execute(
                 self._insert(runs).values(
                     id=run_id, tenant_id=tenant_id, kind=kind, graph=graph,
@@ -84,6 +79,16 @@ class RunStore(Primitives):
                     expires_at=now + timedelta(seconds=lease_ttl), generation=1))
             record = self._run(conn, run_id)
         return record, inserted is not None
+
+    @staticmethod
+    def _check_quota(conn: sa.Connection, tenant_id: str, max_in_flight: int) -> None:
+        """QuotaExceeded when the tenant has PAL_MAX_RUNS_IN_FLIGHT top-level runs in flight."""
+        in_flight = conn.execute(sa.select(sa.func.count()).select_from(runs).where(
+            runs.c.tenant_id == tenant_id, runs.c.status.in_(IN_FLIGHT_STATUSES),
+            runs.c.parent_run_id.is_(None))).scalar_one()
+        if in_flight >= max_in_flight:
+            raise QuotaExceeded(f"tenant {tenant_id!r} has {in_flight} runs queued or running, the "
+                                f"most PAL_MAX_RUNS_IN_FLIGHT allows ({max_in_flight}); try later")
 
     def cancel_run(self, *, run_id: str, now: datetime, by: str, reason: str | None) -> list[str]:
         """Cancel the run and every descendant that is not finished, in one transaction: each

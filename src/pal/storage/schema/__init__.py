@@ -74,14 +74,27 @@ runs = sa.Table(
     sa.Column("started_at", UtcDateTime(), nullable=True),
     sa.Column("finished_at", UtcDateTime(), nullable=True),
     sa.Column("limits", _json(), nullable=True),  # the run's own budget (docs/anomalies.md)
+    # Lineage (migration 0015, docs/retry-and-fork.md): the run this one retries or forks, how,
+    # and (a fork) the step it runs again from.
+    sa.Column("source_run_id", sa.String(128), nullable=True),
+    sa.Column("source_kind", sa.String(16), nullable=True),
+    sa.Column("source_step_id", sa.String(256), nullable=True),
     sa.CheckConstraint("kind IN ('graph', 'llm', 'microvm')", name="kind"),
     sa.CheckConstraint(
         "status IN ('queued', 'running', 'waiting', 'succeeded', 'failed', 'cancelled')",
         name="status",
     ),
     sa.CheckConstraint("tier IN ('shared', 'microvm')", name="tier"),
+    sa.CheckConstraint("source_kind IS NULL OR source_kind IN ('retry', 'fork')", name="source_kind"),
 )
 sa.Index("ix_runs_tenant_created", runs.c.tenant_id, runs.c.created_at)
+# The runs derived from a run (GET /v1/runs/{id}'s derived_runs): only derived runs are indexed.
+sa.Index(
+    "ix_runs_source_run_id",
+    runs.c.source_run_id,
+    postgresql_where=runs.c.source_run_id.is_not(None),
+    sqlite_where=runs.c.source_run_id.is_not(None),
+)
 # Serves the orphan sweep: only in-flight runs are indexed, so finished runs cost nothing.
 sa.Index(
     "ix_runs_in_flight",
