@@ -12,8 +12,7 @@ from fastapi.responses import JSONResponse
 from pal.api.auth import Auth
 from pal.api.bodies import Cancel, StartRun
 from pal.api.deps import Rt, own_run
-from pal.api.waterfall import waterfall as build_waterfall
-from pal.core.clock import utcnow
+from pal.api.steps import drawn
 from pal.core.run_filters import MAX_GRAPH_CHARS, MAX_OFFSET, MAX_SEARCH_CHARS, MAX_TIME_CHARS, run_filter
 from pal.engine.recovery import resume as resume_run
 from pal.engine.runs import cancel as cancel_run
@@ -87,9 +86,11 @@ def resume(run_id: str, caller: Auth, rt: Rt) -> dict[str, Any]:
 
 @router.get("/v1/runs/{run_id}/waterfall")
 def waterfall(run_id: str, caller: Auth, rt: Rt) -> dict[str, Any]:
-    """The run waterfall: one row per step on a shared time axis (what the dashboard draws)."""
+    """The run waterfall: one row per step on a shared time axis, each attempt its own bar, the
+    plan's unrun nodes as skipped rows, and the run's graph laid out as a DAG (what the dashboard
+    draws, docs/dashboard.md)."""
     run = own_run(rt, run_id, caller)
-    return build_waterfall(run, rt.journal.events(run_id), utcnow())
+    return drawn(rt, run, rt.journal.events(run_id))
 
 
 @router.get("/v1/runs/{run_id}/anomalies")
