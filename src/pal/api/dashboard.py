@@ -1,6 +1,6 @@
 """The dashboard: server-rendered pages over the same tokens as /v1 (a login form sets them as an
 HttpOnly, SameSite=Strict cookie), a run list (filters, pages) and the run page: the live
-waterfall, the step panel, the run's DAG and its approvals (small vanilla JS, docs/dashboard.md).
+waterfall, the step panel, the run's DAG and its approvals (small vanilla JS, docs/api.md, "The dashboard").
 
 Every page is a Jinja template with autoescaping on, so nothing a request or the journal holds is
 ever emitted as markup; the pages' script and styles are static files, as the strict CSP of

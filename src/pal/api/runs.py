@@ -88,7 +88,7 @@ def resume(run_id: str, caller: Auth, rt: Rt) -> dict[str, Any]:
 def waterfall(run_id: str, caller: Auth, rt: Rt) -> dict[str, Any]:
     """The run waterfall: one row per step on a shared time axis, each attempt its own bar, the
     plan's unrun nodes as skipped rows, and the run's graph laid out as a DAG (what the dashboard
-    draws, docs/dashboard.md)."""
+    draws, docs/api.md, "The dashboard")."""
     run = own_run(rt, run_id, caller)
     return drawn(rt, run, rt.journal.events(run_id))
 

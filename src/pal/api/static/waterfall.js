@@ -1,7 +1,7 @@
 // The run page: fetch what the server computes from the journal (GET /v1/runs/{id}/waterfall),
 // redraw on every journal event that arrives over SSE (the same-origin cookie authenticates both).
 // Each attempt is its own bar; a lost attempt's dead time until the recovery is drawn as such
-// (docs/dashboard.md). Helpers (el, seconds, ...) are in dom.js; the step panel, DAG and
+// (docs/api.md, "The dashboard"). Helpers (el, seconds, ...) are in dom.js; the step panel, DAG and
 // approvals in panel.js, dag.js and approvals.js.
 "use strict";
 
