@@ -8,6 +8,7 @@ from typing import Any
 
 from pal.config import Settings, load_settings
 from pal.core.records import Event, Handoff, RunRecord
+from pal.core.run_filters import RunFilter
 from pal.engine.lineage import SAME_INPUT, fork_run, retry_run
 from pal.engine.runs import cancel, start_run
 from pal.engine.waiting import PendingApproval, decide, pending_approvals
@@ -75,9 +76,11 @@ class Client:
         self.runtime.journal.get_run(run_id)  # RunNotFound for an unknown id
         return self.runtime.journal.events(run_id, after_seq)
 
-    def list_runs(self, *, status: str | None = None, limit: int = 50,
-                  offset: int = 0) -> list[RunRecord]:
-        return self.runtime.journal.list_runs(status=status, limit=limit, offset=offset)
+    def list_runs(self, *, status: str | None = None, limit: int = 50, offset: int = 0,
+                  filters: RunFilter | None = None) -> list[RunRecord]:
+        """Runs newest first; `filters` (pal.core.run_filters) narrow them as GET /v1/runs does."""
+        chosen = (filters or RunFilter()).as_kwargs() | ({"status": status} if status else {})
+        return self.runtime.journal.list_runs(limit=limit, offset=offset, **chosen)
 
     def wait(self, run_id: str, timeout: float = 60.0, poll: float = 0.05) -> RunRecord:
         """Poll until the run is terminal; RunTimeout after `timeout` seconds.

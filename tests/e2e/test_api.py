@@ -40,7 +40,7 @@ def test_every_route_needs_a_live_token_of_the_right_tenant(api: Api, tmp_path: 
     routes = [("GET", "/v1/runs"), ("GET", "/v1/runs/acme-1"), ("GET", "/v1/runs/acme-1/events"),
               ("GET", "/v1/runs/acme-1/journal"), ("GET", "/v1/runs/acme-1/approvals"), ("GET", "/v1/approvals"),
               ("GET", "/v1/runs/acme-1/waterfall"), ("GET", "/v1/runs/acme-1/anomalies"), ("GET", "/v1/anomalies"),
-              ("GET", "/v1/runs/acme-1/receipt"),
+              ("GET", "/v1/runs/acme-1/receipt"), ("GET", "/v1/runs/acme-1/steps/s0"),
               ("POST", "/v1/runs/acme-1/cancel"), ("POST", "/v1/runs/acme-1/resume"),
               ("POST", "/v1/runs/acme-1/steps/s0/approve"), ("POST", "/v1/runs/acme-1/steps/s0/reject"),
               ("POST", "/v1/runs")]
@@ -142,7 +142,8 @@ def test_the_openapi_schema_lists_every_route(api: Api) -> None:
         "/v1/runs/{run_id}/steps/{step_id}/reject", "/v1/runs/{run_id}/approvals", "/v1/approvals",
         "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/waterfall", "/v1/runs/{run_id}/anomalies",
         "/v1/anomalies", "/v1/runtime/report", "/v1/runs/{run_id}/receipt", "/.well-known/pal-receipt-keys",
-        "/v1/runs/{run_id}/retry", "/v1/runs/{run_id}/fork"}
+        "/v1/runs/{run_id}/retry", "/v1/runs/{run_id}/fork",
+        "/v1/runs/{run_id}/steps/{step_id}"}
 
 
 def test_pal_tokens_create_list_revoke(processes: Processes, postgres_backend: Backend) -> None:

@@ -49,7 +49,9 @@ def test_log_in_watch_the_waterfall_live_and_approve(api: Api, tmp_path: Path) -
         expect(page.locator("#status")).to_have_text("waiting")
         expect(page.locator("#receipt")).to_be_hidden()  # no receipt while the run is in flight
         page.screenshot(path=str(tmp_path / "waiting.png"), full_page=True)
-        page.click('tr[data-step="gate"] button[data-decision="approve"]')
+        page.fill("#approval-gate .approval-comment", "from the dashboard")
+        page.click('#approval-gate button[data-decision="approve"]')
+        page.click("#confirm-yes")  # the page's own confirmation dialog
         expect(page.locator("#status")).to_have_text("succeeded", timeout=30_000)
         expect(page.locator('tr[data-step="send"] td.status')).to_have_text("completed")
         page.screenshot(path=str(tmp_path / "succeeded.png"), full_page=True)

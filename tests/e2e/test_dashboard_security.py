@@ -62,7 +62,9 @@ def test_the_dashboard_works_under_its_csp_and_runs_no_injected_script(api: Api)
         bar = page.locator('tr[data-step="gate"] .bar.wait')
         expect(bar).to_have_css("background-color", "rgb(240, 163, 60)")
         assert page.eval_on_selector('tr[data-step="gate"] .bar.wait', "e => e.style.width").endswith("%")
-        page.click('tr[data-step="gate"] button[data-decision="approve"]')  # fetch() with X-CSRF-Token
+        page.fill("#approval-gate .approval-comment", "from the dashboard")
+        page.click('#approval-gate button[data-decision="approve"]')
+        page.click("#confirm-yes")  # fetch() with X-CSRF-Token
         expect(page.locator("#status")).to_have_text("succeeded", timeout=30_000)
         decided = [e for e in api.client.events("csp-1") if e.kind == "approval_decided"]
         assert len(decided) == 1 and decided[0].payload["comment"] == "from the dashboard"

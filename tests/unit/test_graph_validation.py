@@ -240,7 +240,15 @@ def test_react_flow_extras_are_accepted_and_dropped_from_the_document() -> None:
             {"id": "a", "type": "tool", "data": {"tool": "echo", "args": {"v": 1}}},
         ],
         "edges": [{"source": "t", "target": "a"}],
+        "name": "demo",  # kept: the runs list shows and filters by it
     }
+
+
+@pytest.mark.parametrize("name", [7, ["x"], "n" * 201])
+def test_a_graph_name_is_a_bounded_string(name: object) -> None:
+    document = {"nodes": [{"id": "t", "type": "trigger"}], "edges": [], "name": name}
+    with pytest.raises(GraphError, match="graph name must be a string of at most 200 characters"):
+        parse_graph(document)
 
 
 def test_document_keeps_source_handles() -> None:

@@ -1,5 +1,6 @@
 """The dashboard: server-rendered pages over the same tokens as /v1 (a login form sets them as an
-HttpOnly, SameSite=Strict cookie), a run list and the live run waterfall (small vanilla JS).
+HttpOnly, SameSite=Strict cookie), a run list (filters, pages) and the run page: the live
+waterfall, the step panel, the run's DAG and its approvals (small vanilla JS, docs/api.md, "The dashboard").
 
 Every page is a Jinja template with autoescaping on, so nothing a request or the journal holds is
 ever emitted as markup; the pages' script and styles are static files, as the strict CSP of
@@ -10,7 +11,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 import jinja2
 from fastapi import APIRouter, FastAPI, HTTPException, Request
@@ -20,12 +21,16 @@ from fastapi.staticfiles import StaticFiles
 from pal.api import csrf
 from pal.api.auth import COOKIE, tenant_of
 from pal.api.deps import Rt
+from pal.core.run_filters import MAX_OFFSET, run_filter
+from pal.core.vocabulary import ALL_STATUSES
 from pal.errors import RunNotFound
 
 HERE = Path(__file__).parent
 # autoescape=True, not select_autoescape: every template is HTML, whatever its file name.
 _templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
-RUNS_PER_PAGE = 100
+RUNS_PER_PAGE = 50
+FILTER_FIELDS = ("status", "graph", "search", "since", "until")
+MAX_FIELD_CHARS = 256  # longer than any valid filter: the validator names what is too long
 
 # Pages for a browser, not API operations: none is in the OpenAPI schema.
 router = APIRouter(include_in_schema=False)
@@ -115,11 +120,32 @@ async def logout(request: Request) -> Response:
 
 @router.get("/runs")
 def runs_page(request: Request, rt: Rt) -> Response:
+    """The tenant's runs, newest first, a page at a time, filtered as GET /v1/runs is (the form's
+    fields are its query parameters; a bad one is named on the page, a 400)."""
     who = _session(request)
     if who is None:
         return RedirectResponse("/login", status_code=303)
-    return _page("runs.html", tenant=who[0], csrf=who[1],
-                 runs=rt.journal.list_runs(tenant_id=who[0], limit=RUNS_PER_PAGE))
+    asked = {key: request.query_params.get(key, "")[:MAX_FIELD_CHARS] for key in FILTER_FIELDS}
+    page = _page_number(request.query_params.get("page", "1"))
+    try:
+        chosen = run_filter(**asked)
+    except ValueError as exc:
+        return _page("runs.html", 400, tenant=who[0], csrf=who[1], runs=[], asked=asked, error=str(exc),
+                     statuses=ALL_STATUSES, page=1, links={})
+    found = rt.journal.list_runs(tenant_id=who[0], limit=RUNS_PER_PAGE + 1, offset=(page - 1) * RUNS_PER_PAGE,
+                                 **chosen.as_kwargs())
+    query = chosen.as_query()
+    links = {name: "/runs?" + urlencode(query | {"page": str(number)}) for name, number in (
+        ("first", 1), ("newer", page - 1), ("older", page + 1))
+        if number >= 1 and number != page and (name != "older" or len(found) > RUNS_PER_PAGE)}
+    return _page("runs.html", tenant=who[0], csrf=who[1], runs=found[:RUNS_PER_PAGE], asked=asked,
+                 error=None, statuses=ALL_STATUSES, page=page, links=links)
+
+
+def _page_number(text: str) -> int:
+    """A page number from the query, 1 when it is not one; capped so the offset stays bounded."""
+    number = int(text) if text.isdigit() and len(text) <= 6 else 1
+    return max(1, min(number, MAX_OFFSET // RUNS_PER_PAGE))
 
 
 @router.get("/runs/{run_id}")

@@ -12,9 +12,8 @@ from fastapi.responses import JSONResponse
 from pal.api.auth import Auth
 from pal.api.bodies import Cancel, StartRun
 from pal.api.deps import Rt, own_run
-from pal.api.waterfall import waterfall as build_waterfall
-from pal.core.clock import utcnow
-from pal.core.vocabulary import ALL_STATUSES
+from pal.api.steps import drawn
+from pal.core.run_filters import MAX_GRAPH_CHARS, MAX_OFFSET, MAX_SEARCH_CHARS, MAX_TIME_CHARS, run_filter
 from pal.engine.recovery import resume as resume_run
 from pal.engine.runs import cancel as cancel_run
 from pal.engine.runs import start_run
@@ -37,16 +36,25 @@ def start(body: StartRun, caller: Auth, rt: Rt,
 
 
 @router.get("/v1/runs")
-def list_runs(caller: Auth, rt: Rt, status: Annotated[str | None, Query()] = None,
+def list_runs(caller: Auth, rt: Rt, status: Annotated[str | None, Query(max_length=32)] = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50,
-              offset: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
-    """Runs of the caller's tenant, newest first."""
-    if status is not None and status not in ALL_STATUSES:
-        raise HTTPException(422, f"unknown status {status!r} (one of: {', '.join(ALL_STATUSES)})")
+              offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+              graph: Annotated[str | None, Query(max_length=MAX_GRAPH_CHARS)] = None,
+              search: Annotated[str | None, Query(max_length=MAX_SEARCH_CHARS)] = None,
+              since: Annotated[str | None, Query(max_length=MAX_TIME_CHARS)] = None,
+              until: Annotated[str | None, Query(max_length=MAX_TIME_CHARS)] = None) -> dict[str, Any]:
+    """Runs of the caller's tenant, newest first (created_at, then id: a stable order to page
+    through). Filters: `status`, `graph` (the graph's name, exactly), `search` (text in the run id,
+    any case), `since` (inclusive) and `until` (exclusive): creation time, ISO 8601, UTC unless an
+    offset is given. A malformed or oversized filter is a 422."""
+    try:
+        chosen = run_filter(status=status, graph=graph, search=search, since=since, until=until)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
     # One more than a page: whether it comes back says if there is a next page.
-    records = rt.journal.list_runs(tenant_id=caller.tenant_id, status=status, limit=limit + 1,
-                                   offset=offset)
-    return {"runs": [r.as_dict() for r in records[:limit]],
+    records = rt.journal.list_runs(tenant_id=caller.tenant_id, limit=limit + 1, offset=offset,
+                                   **chosen.as_kwargs())
+    return {"runs": [r.as_dict() | {"graph_name": r.graph_name} for r in records[:limit]],
             "next_offset": offset + limit if len(records) > limit else None}
 
 
@@ -79,9 +87,11 @@ def resume(run_id: str, caller: Auth, rt: Rt) -> dict[str, Any]:
 
 @router.get("/v1/runs/{run_id}/waterfall")
 def waterfall(run_id: str, caller: Auth, rt: Rt) -> dict[str, Any]:
-    """The run waterfall: one row per step on a shared time axis (what the dashboard draws)."""
+    """The run waterfall: one row per step on a shared time axis, each attempt its own bar, the
+    plan's unrun nodes as skipped rows, and the run's graph laid out as a DAG (what the dashboard
+    draws, docs/api.md, "The dashboard")."""
     run = own_run(rt, run_id, caller)
-    return build_waterfall(run, rt.journal.events(run_id), utcnow())
+    return drawn(rt, run, rt.journal.events(run_id))
 
 
 @router.get("/v1/runs/{run_id}/anomalies")

@@ -88,14 +88,14 @@ def journal_table(events: Iterable[Event], title: str) -> Table:
 
 def runs_table(runs: Iterable[RunRecord]) -> Table:
     table = Table(title="runs")
-    for column in ("id", "status", "created", "duration", "output / error"):
+    for column in ("id", "graph", "status", "created", "duration", "output / error"):
         table.add_column(column, overflow="fold")
     for r in runs:
         duration = ""
         if r.finished_at is not None:
             duration = f"{(r.finished_at - r.created_at).total_seconds():.2f}s"
-        table.add_row(r.id, r.status, r.created_at.strftime("%Y-%m-%d %H:%M:%S"), duration,
-                      short(r.output if r.status == "succeeded" else r.error, 50))
+        table.add_row(r.id, r.graph_name or "", r.status, r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                      duration, short(r.output if r.status == "succeeded" else r.error, 50))
     return table
 
 

@@ -65,20 +65,28 @@ def run(
 @runs_app.command("list")
 def runs_list(
     status: Annotated[str | None, typer.Option(help="Only runs with this status.")] = None,
+    graph: Annotated[str | None, typer.Option(help="Only runs of the graph with this name.")] = None,
+    since: Annotated[str | None, typer.Option(help="Created at or after: ISO 8601 date or time "
+                                                   "(UTC unless it has an offset).")] = None,
+    until: Annotated[str | None, typer.Option(help="Created before: ISO 8601 date or time.")] = None,
+    search: Annotated[str | None, typer.Option(help="Only runs whose id contains this text (any case).")]
+    = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 20,
-    offset: Annotated[int, typer.Option(min=0)] = 0,
+    offset: Annotated[int, typer.Option(min=0, max=1_000_000, help="Skip this many (the next page: "
+                                                                   "--offset OFFSET+LIMIT).")] = 0,
     as_json: common.AsJson = False,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first (creation time, then id), filtered and a page at a time."""
     from pal.cli.progress import console, runs_table
-    from pal.core.vocabulary import IN_FLIGHT_STATUSES, TERMINAL_STATUSES
+    from pal.core.run_filters import run_filter
 
-    valid = (*IN_FLIGHT_STATUSES, "waiting", *TERMINAL_STATUSES)
-    if status is not None and status not in valid:
-        common.fail(f"unknown status {status!r} (one of: {', '.join(valid)})", EXIT_BAD_INPUT)
-    records = common.checked(lambda: common.client().list_runs(status=status, limit=limit, offset=offset))
+    try:
+        chosen = run_filter(status=status, graph=graph, search=search, since=since, until=until)
+    except ValueError as exc:
+        common.fail(str(exc), EXIT_BAD_INPUT)
+    records = common.checked(lambda: common.client().list_runs(limit=limit, offset=offset, filters=chosen))
     if as_json:
-        common.print_json([r.as_dict() for r in records])
+        common.print_json([r.as_dict() | {"graph_name": r.graph_name} for r in records])
     else:
         console().print(runs_table(records))
 

@@ -50,6 +50,12 @@ class RunRecord:
     def terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
+    @property
+    def graph_name(self) -> str | None:
+        """The `name` of the run's plan snapshot, if it has one (what the runs list shows)."""
+        name = self.graph.get("name") if isinstance(self.graph, Mapping) else None
+        return name if isinstance(name, str) else None
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "tenant_id": self.tenant_id, "kind": self.kind, "status": self.status,

@@ -21,6 +21,7 @@ from pal.core import templates
 from pal.core.anomalies import anomalies_problems
 from pal.core.budgets import limits_problems
 from pal.core.confidence import LOW_CONFIDENCE
+from pal.core.run_filters import MAX_GRAPH_CHARS
 from pal.errors import GraphError
 from pal.nodes import KINDS
 from pal.plan.documents import check_size, load_graph_text
@@ -50,6 +51,7 @@ class Graph:
     trigger_id: str
     order: tuple[str, ...]  # topological: every node after all its predecessors
     watch: Mapping[str, Any] = field(default_factory=dict)  # its `limits` and `anomalies` blocks
+    name: str | None = None  # kept in the snapshot: the runs list shows and filters by it (docs/api.md)
 
     @cached_property
     def incoming(self) -> Mapping[str, tuple[Edge, ...]]:
@@ -76,7 +78,8 @@ class Graph:
                 | ({"sourceHandle": e.source_handle} if e.source_handle else {})
                 for e in self.edges
             ],
-        } | {key: self.watch[key] for key in WATCH_KEYS if key in self.watch}
+        } | {key: self.watch[key] for key in WATCH_KEYS if key in self.watch} | (
+            {"name": self.name} if self.name else {})
 
     @cached_property
     def bodies(self) -> Mapping[str, Graph]:
@@ -114,9 +117,19 @@ def parse_graph(
         check_references(nodes, edges, problems)
         _check_loop_bodies(nodes, edges, known_tools, problems, embedded)
     watch = _watch_blocks(document, problems)
+    name = _name(document, problems)
     if problems or trigger_id is None or order is None:
         raise GraphError(problems)
-    return Graph(nodes=nodes, edges=tuple(edges), trigger_id=trigger_id, order=order, watch=watch)
+    return Graph(nodes=nodes, edges=tuple(edges), trigger_id=trigger_id, order=order, watch=watch, name=name)
+
+
+def _name(document: Any, problems: list[str]) -> str | None:
+    """The graph's `name`, a bounded string: the runs list shows and filters by it."""
+    name = document.get("name") if isinstance(document, Mapping) else None
+    if name is not None and (not isinstance(name, str) or len(name) > MAX_GRAPH_CHARS):
+        problems.append(f"graph name must be a string of at most {MAX_GRAPH_CHARS} characters")
+        return None
+    return name or None
 
 
 def _watch_blocks(document: Any, problems: list[str]) -> dict[str, Any]:

@@ -127,13 +127,26 @@ class RunStore(Primitives):
 
     def list_runs(
         self, *, tenant_id: str | None = None, status: str | None = None,
-        limit: int = 50, offset: int = 0,
+        limit: int = 50, offset: int = 0, graph: str | None = None, search: str | None = None,
+        since: datetime | None = None, until: datetime | None = None,
     ) -> list[RunRecord]:
+        """Runs newest first, in a stable order (created_at desc, then id) so pages never overlap.
+        `graph`: the plan snapshot's `name`, exactly; `search`: text in the run id, any case;
+        `since` (inclusive) and `until` (exclusive): the creation time."""
         query = sa.select(runs).order_by(runs.c.created_at.desc(), runs.c.id).limit(limit)
         if tenant_id is not None:
             query = query.where(runs.c.tenant_id == tenant_id)
         if status is not None:
             query = query.where(runs.c.status == status)
+        if graph is not None:
+            # The snapshot's JSON, read in place (JSONB ->> on Postgres, json_extract on SQLite).
+            query = query.where(runs.c.graph["name"].as_string() == graph)
+        if search:
+            query = query.where(sa.func.lower(runs.c.id).contains(search.lower(), autoescape=True))
+        if since is not None:
+            query = query.where(runs.c.created_at >= since)
+        if until is not None:
+            query = query.where(runs.c.created_at < until)
         with self._tx() as conn:
             return [run_record(r, r["graph"]) for r in conn.execute(query.offset(offset)).mappings()]
 

@@ -1,15 +1,9 @@
-// The run waterfall: fetch the rows the server computes from the journal, redraw on every journal
-// event that arrives over SSE (the same-origin cookie authenticates both). Under the dashboard's CSP
-// (docs/api.md, "Security headers") text goes in with textContent only, never as markup, and
-// positions are set through element.style (CSSOM), never as a style="" attribute.
+// The run page: fetch what the server computes from the journal (GET /v1/runs/{id}/waterfall),
+// redraw on every journal event that arrives over SSE (the same-origin cookie authenticates both).
+// Each attempt is its own bar; a lost attempt's dead time until the recovery is drawn as such
+// (docs/api.md, "The dashboard"). Helpers (el, seconds, ...) are in dom.js; the step panel, DAG and
+// approvals in panel.js, dag.js and approvals.js.
 "use strict";
-
-function el(tag, attrs, text) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
 
 function placed(node, left, width) {
   node.style.left = `${left}%`;
@@ -17,8 +11,44 @@ function placed(node, left, width) {
   return node;
 }
 
-function bar(cls, from, width, scale) {
-  return placed(el("div", {class: "bar " + cls}), from * scale, Math.max(width * scale, 0.4));
+function bar(cls, from, width, scale, title) {
+  const node = placed(el("div", {class: "bar " + cls}), from * scale, Math.max(width * scale, 0.4));
+  if (title) node.title = title;
+  return node;
+}
+
+function tick(cls, at, scale, title) {
+  return placed(el("div", {class: "mark " + cls, title: title}), at * scale);
+}
+
+function lane(row, end, scale) {
+  const box = el("div", {class: "lane" + (row.status === "skipped" ? " skipped" : "")});
+  if (row.status === "skipped") return box;
+  box.append(bar("queue", row.ready_at || 0, row.queue_s, scale, `queued ${row.queue_s.toFixed(3)}s`));
+  for (const d of row.dead) {
+    box.append(bar("dead", d.from, d.to - d.from, scale,
+                   `no sign of life from ${seconds(d.from)} until the recovery at ${seconds(d.to)}`));
+  }
+  for (const b of row.bars) {
+    const until = b.ended_at === null ? end : b.ended_at;
+    const title = `attempt ${b.attempt}, generation ${b.generation}${b.worker ? ", " + b.worker : ""}: ${b.outcome}`;
+    box.append(bar("attempt " + b.outcome, b.started_at, until - b.started_at, scale, title));
+  }
+  for (const w of row.waits) {
+    const until = w.to === null ? end : w.to;
+    box.append(bar("wait", w.from, until - w.from, scale, `waiting ${(until - w.from).toFixed(3)}s`));
+  }
+  for (const r of row.retries) box.append(tick("retry", r.at, scale, `retry after attempt ${r.attempt}: ${r.error}`));
+  for (const at of row.recoveries) box.append(tick("recovery", at, scale, `recovery at ${seconds(at)}`));
+  if (row.anomalies.length) {
+    box.append(tick("anomaly", row.started_at || 0, scale, "anomaly: " + row.anomalies.join(", ")));
+  }
+  return box;
+}
+
+function stepLabel(row) {
+  const runs = row.bars.length;
+  return row.step_id + (row.attempts > 1 ? ` (attempt ${row.attempts})` : "") + (runs > 1 ? ` · ${runs} bars` : "");
 }
 
 function render(runId, data) {
@@ -28,45 +58,31 @@ function render(runId, data) {
   status.className = "status " + run.status;
   const receipt = document.getElementById("receipt");  // present when receipts are on
   if (receipt) receipt.hidden = !["succeeded", "failed", "cancelled"].includes(run.status);
+  const ran = data.rows.filter(r => r.status !== "skipped").length;
   document.getElementById("summary").textContent =
-    `${data.rows.length} steps, ${data.duration_s.toFixed(2)}s, ` +
+    `${ran} steps, ${data.rows.length - ran} skipped, ${data.duration_s.toFixed(2)}s, ` +
     `${run.input_tokens + run.output_tokens} tokens, $${Number(run.cost_usd).toFixed(6)}`;
   const scale = 100 / Math.max(data.duration_s, 0.001);
   body.replaceChildren();
   for (const row of data.rows) {
-    const tr = el("tr", {"data-step": row.step_id});
-    tr.append(el("td", {}, row.step_id + (row.attempts > 1 ? ` (attempt ${row.attempts})` : "")));
-    tr.append(el("td", {class: "status " + row.status}, row.status));
-    const lane = el("div", {class: "lane"});
-    const start = row.started_at || 0;
-    lane.append(bar("queue", row.ready_at || 0, row.queue_s, scale));
-    lane.append(bar(row.status === "failed" ? "failed" : "run", start, row.run_s, scale));
-    if (row.wait_s > 0) lane.append(bar("wait", start + row.run_s, row.wait_s, scale));
-    for (const r of row.retries) lane.append(placed(el("div", {class: "mark retry",
-                                                             title: `retry after attempt ${r.attempt}: ${r.error}`}),
-                                                    r.at * scale));
-    if (row.anomalies.length) lane.append(placed(el("div", {class: "mark anomaly",
-                                                           title: "anomaly: " + row.anomalies.join(", ")}),
-                                                 start * scale));
+    const tr = el("tr", {"data-step": row.step_id, class: "step-row" + (row.status === "skipped" ? " skipped" : "")});
+    tr.append(el("td", {class: "step-name"}, stepLabel(row)));
+    tr.append(el("td", {class: "status " + row.status},
+                 row.status === "skipped" ? `skipped (${row.skip_reason})` : row.status));
     const timeline = el("td", {});
-    timeline.append(lane);
+    timeline.append(lane(row, data.duration_s, scale));
     tr.append(timeline);
-    tr.append(el("td", {}, row.queue_s.toFixed(3) + "s"));
-    tr.append(el("td", {}, row.run_s.toFixed(3) + "s"));
+    const skipped = row.status === "skipped";
+    tr.append(el("td", {}, skipped ? "" : row.queue_s.toFixed(3) + "s"));
+    tr.append(el("td", {}, skipped ? "" : row.run_s.toFixed(3) + "s"));
     tr.append(el("td", {}, row.wait_s ? row.wait_s.toFixed(3) + "s" + (row.waiting_for ? ` (${row.waiting_for})` : "") : ""));
-    tr.append(el("td", {}, String(row.input_tokens + row.output_tokens)));
-    tr.append(el("td", {}, "$" + Number(row.cost_usd).toFixed(6)));
+    tr.append(el("td", {}, skipped ? "" : String(row.input_tokens + row.output_tokens)));
+    tr.append(el("td", {}, skipped ? "" : "$" + Number(row.cost_usd).toFixed(6)));
     const actions = el("td", {});
-    if (row.child_run_id) actions.append(el("a", {href: "/runs/" + encodeURIComponent(row.child_run_id)},
-                                            "child run"));
-    if (row.pending_approval) {
-      for (const decision of ["approve", "reject"]) {
-        const button = el("button", {"data-decision": decision}, decision);
-        button.addEventListener("click", () => decide(runId, row.step_id, decision, row.approval_hash));
-        actions.append(button);
-      }
-    }
+    if (row.child_run_id) actions.append(el("a", {href: "/runs/" + encodeURIComponent(row.child_run_id)}, "child run"));
+    if (row.pending_approval) actions.append(el("a", {href: "#approval-" + row.step_id, class: "to-approval"}, "decide"));
     tr.append(actions);
+    tr.addEventListener("click", (e) => { if (!e.target.closest("a")) openPanel(runId, row.step_id); });
     body.append(tr);
   }
   const markers = document.getElementById("markers");
@@ -75,31 +91,20 @@ function render(runId, data) {
       : m.kind === "anomaly_detected"
         ? `anomaly ${m.anomaly}${m.step_id ? " on " + m.step_id : ""} at ${m.at.toFixed(2)}s: ${m.message}`
         : `${m.kind} ${m.step_id || ""} at ${m.at.toFixed(2)}s`).join(" · ");
+  drawDag(runId, data.dag);
+  renderApprovals(runId, data.rows, () => refresh(runId));
+  refreshPanel(runId);
 }
 
 async function refresh(runId) {
-  const reply = await fetch(`/v1/runs/${encodeURIComponent(runId)}/waterfall`, {credentials: "same-origin"});
+  const reply = await fetch(runPath(runId, "/waterfall"), {credentials: "same-origin"});
   if (reply.ok) render(runId, await reply.json());
-}
-
-function csrfToken() {
-  const meta = document.querySelector('meta[name="csrf-token"]');
-  return meta ? meta.content : "";
-}
-
-async function decide(runId, stepId, decision, hash) {
-  // The cookie alone does not authorize a change: the page's CSRF token goes along (docs/api.md).
-  await fetch(`/v1/runs/${encodeURIComponent(runId)}/steps/${encodeURIComponent(stepId)}/${decision}`, {
-    method: "POST", credentials: "same-origin",
-    headers: {"Content-Type": "application/json", "X-CSRF-Token": csrfToken()},
-    body: JSON.stringify({comment: "from the dashboard", approval_hash: hash})});
-  refresh(runId);
 }
 
 function startWaterfall(runId) {
   refresh(runId);
   let pending = null;
-  const source = new EventSource(`/v1/runs/${encodeURIComponent(runId)}/events`);
+  const source = new EventSource(runPath(runId, "/events"));
   source.onmessage = source.onerror = null;
   const onEvent = () => { if (!pending) pending = setTimeout(() => { pending = null; refresh(runId); }, 100); };
   for (const kind of ["run_queued", "step_started", "step_completed", "step_failed", "step_retrying",
