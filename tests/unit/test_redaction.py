@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pal.core import redact as redact_module
@@ -45,6 +45,7 @@ def test_every_query_value_is_removed(scheme: str, host: str, param: str, creden
 @given(st.sampled_from(["Bearer", "bearer", "Basic", "Token"]), CREDENTIAL,
        st.sampled_from(["Authorization: {}", "{}", "headers={{'Authorization': '{}'}}", "got {} back"]))
 def test_authorization_credentials_are_removed(scheme: str, credential: str, around: str) -> None:
+    assume(credential not in around)  # "Authorizatio" is a fine credential, and stays in the header's name
     assert credential not in redact_text(around.format(f"{scheme} {credential}"))
 
 
