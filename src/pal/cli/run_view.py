@@ -66,7 +66,7 @@ def run_lines(record: RunRecord, events: Iterable[Event]) -> list[str]:
         lines.append(f"{'error':>15}: {json.dumps(brief, default=str)}")
         trace = error.get("traceback") if isinstance(error, Mapping) else None
         if trace:
-            lines += ["      traceback:", *("  " + line for line in str(trace).rstrip().splitlines())]
+            lines += ["      traceback:", *("    " + line for line in str(trace).rstrip().splitlines())]
     steps = step_lines(events)
     lines.append("          steps:" + ("" if steps else " none yet"))
     if steps:
