@@ -171,3 +171,16 @@ class TurnLimitReached(StepError):
 
 class ReceiptsOff(ConfigError):
     """Receipts are off: PAL_SIGNING_KEY is not set."""
+
+
+class StepFailed(PalError):
+    """A step failed for good and its run failed with it: what the `pal.execute_node` task raises
+    after the failure is journaled, so Celery (and Flower) record the task as FAILURE. Picklable:
+    its arguments are plain strings."""
+
+    def __init__(self, run_id: str, step_id: str, error_type: str, message: str) -> None:
+        self.run_id, self.step_id, self.error_type, self.error_message = run_id, step_id, error_type, message
+        super().__init__(f"run {run_id} step {step_id} failed: {error_type}: {message}")
+
+    def __reduce__(self) -> tuple[type[StepFailed], tuple[str, str, str, str]]:
+        return type(self), (self.run_id, self.step_id, self.error_type, self.error_message)

@@ -74,8 +74,12 @@ def test_failing_tool_fails_the_run_with_its_error(client: Client) -> None:
     assert run.error["message"] == "kaput"
     failed = [e for e in events if e.kind == "step_failed"]
     assert [e.step_id for e in failed] == ["bad"]
-    assert failed[0].payload["error"] == {"type": "RuntimeError", "message": "kaput", "code": "step_failed",
-                                          "class": "tool"}
+    error = failed[0].payload["error"]
+    assert {k: v for k, v in error.items() if k != "traceback"} == {
+        "type": "RuntimeError", "message": "kaput", "code": "step_failed", "class": "tool"}
+    # The traceback names the tool's own frame and ends with the exception line; the run's error has it too.
+    assert "in explode" in error["traceback"] and error["traceback"].rstrip().endswith("RuntimeError: kaput")
+    assert run.error["traceback"] == error["traceback"]
     assert terminal_events(events) == ["run_failed"]
     assert "out" not in {e.step_id for e in events}
     assert client.runtime.journal.get_lease(run_id) is None

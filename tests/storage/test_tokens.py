@@ -23,6 +23,8 @@ def test_a_token_is_kept_only_as_its_hash(journal: Journal) -> None:
     assert journal.token_tenant(secret) == "t1"
     assert journal.token_tenant(secret + "x") is None
     assert journal.token_tenant(rows[0]["token_hash"]) is None  # the hash is not a credential
+    assert journal.token_owner(secret) == ("t1", "ci")  # who decides an approval with it
+    assert journal.token_owner(rows[0]["token_hash"]) is None
 
 
 def test_a_revoked_token_names_no_tenant(journal: Journal) -> None:
@@ -31,7 +33,7 @@ def test_a_revoked_token_names_no_tenant(journal: Journal) -> None:
     assert journal.revoke_token(token_id=revoked, now=at(3))
     assert not journal.revoke_token(token_id=revoked, now=at(4))  # once
     assert not journal.revoke_token(token_id="unknown", now=at(4))
-    assert journal.token_tenant(secret) is None
+    assert journal.token_tenant(secret) is None and journal.token_owner(secret) is None
     assert journal.token_tenant(other) == "t2"
     assert [(t["id"], t["tenant_id"], t["revoked_at"]) for t in journal.list_tokens()] == [
         (revoked, "t1", at(3)), (kept, "t2", None)]

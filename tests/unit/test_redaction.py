@@ -54,7 +54,9 @@ def test_authorization_credentials_are_removed(scheme: str, credential: str, aro
                         "x-api-key", "Authorization", "session"]),
        st.sampled_from(["=", ": ", "\": \"", "='"]), CREDENTIAL)
 def test_credential_named_pairs_are_removed(name: str, separator: str, credential: str) -> None:
-    assert credential not in redact_text(f"error: {name}{separator}{credential} rest")
+    # The key's name stays, so it is left out of the search: a generated credential can be a piece of
+    # it ("Authorizatio"), which hypothesis found.
+    assert credential not in redact_text(f"error: {name}{separator}{credential} rest").replace(name, "")
 
 
 @given(st.sampled_from(["sk-", "sk-proj-", "sk-ant-"]), CREDENTIAL)

@@ -12,16 +12,16 @@ from pal.api.bodies import Decision
 from pal.api.deps import Rt, own_run
 from pal.engine.runtime import Runtime
 from pal.engine.waiting import decide as decide_step
-from pal.engine.waiting import pending_approvals
+from pal.engine.waiting import pending_approvals, tenant_approvals
 
 router = APIRouter()
 
 
 def decide(rt: Runtime, run_id: str, step_id: str, decision: str, body: Decision | None,
            caller: Caller) -> dict[str, Any]:
-    """Record `decision` on the caller's run's step; the approver is the tenant."""
+    """Record `decision` on the caller's run's step; who decided is the caller's token, by name."""
     own_run(rt, run_id, caller)
-    outcome = decide_step(rt, run_id, step_id, decision, by=f"tenant:{caller.tenant_id}",
+    outcome = decide_step(rt, run_id, step_id, decision, by=caller.decider,
                           comment=body.comment if body else None,
                           expected_hash=body.approval_hash if body else None)
     return {"decision": decision, "dispatched": list(outcome.dispatch), "finished": outcome.finished}
@@ -49,9 +49,4 @@ def run_approvals(run_id: str, caller: Auth, rt: Rt) -> dict[str, Any]:
 @router.get("/v1/approvals")
 def approvals(caller: Auth, rt: Rt, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> dict[str, Any]:
     """Every pending approval of the caller's tenant (each under the run that waits on it)."""
-    found: list[dict[str, Any]] = []
-    for run in rt.journal.list_runs(tenant_id=caller.tenant_id, status="waiting", limit=limit):
-        # depth 0 only: a child run that waits is itself a waiting run of the tenant, so its
-        # approvals come up once, under it, and not again under its parent.
-        found += [p.as_dict() for p in pending_approvals(rt, run.id) if p.depth == 0]
-    return {"approvals": found}
+    return {"approvals": [p.as_dict() for p in tenant_approvals(rt, caller.tenant_id, limit)]}

@@ -20,6 +20,12 @@ class Caller:
     tenant_id: str
     # The presented secret (never in a repr): a long-lived stream re-checks that it is still live.
     token: str = field(repr=False)
+    token_name: str = ""  # the token's name (`pal tokens create --name`): who decides an approval
+
+    @property
+    def decider(self) -> str:
+        """Who a decision made with this token is journaled as (approval_decided's `by`)."""
+        return f"token:{self.token_name}"
 
 
 COOKIE = "pal_token"  # the dashboard's HttpOnly cookie holds the same bearer token
@@ -51,12 +57,13 @@ def bearer(request: Request) -> Caller:
     if token is None:
         raise HTTPException(401, "missing bearer token: send Authorization: Bearer <token>",
                             headers={"WWW-Authenticate": "Bearer"})
-    tenant = tenant_of(request, token)
-    if tenant is None:
+    journal: Journal = request.app.state.runtime.journal
+    owner = journal.token_owner(token)
+    if owner is None:
         raise HTTPException(401, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"})
     if from_cookie and request.method in UNSAFE_METHODS:
         require_same_origin(request, request.headers.get(HEADER), session_token(token))
-    return Caller(tenant_id=tenant, token=token)
+    return Caller(tenant_id=owner[0], token=token, token_name=owner[1])
 
 
 Auth = Annotated[Caller, Depends(bearer)]  # module level: FastAPI resolves annotations by name here

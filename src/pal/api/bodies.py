@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field, model_validator
 
 from pal.api.limits import unstorable_problem
+from pal.core.limits import MAX_DECISION_COMMENT_CHARS
 from pal.errors import InputError
 
 
@@ -33,7 +34,8 @@ class StartRun(Body):
 
 
 class Decision(Body):
-    comment: str | None = None
+    comment: str | None = Field(None, max_length=MAX_DECISION_COMMENT_CHARS,
+                                description="Why; journaled with the decision (approval_decided)")
     approval_hash: str | None = Field(None, description="Refuse unless the pending approval has this hash")
 
 

@@ -3,6 +3,7 @@
     pal db upgrade|grant, pal doctor          pal.cli.db
     pal run, pal runs ..., pal anomalies      pal.cli.runs
     pal runs retry|fork                       pal.cli.lineage
+    pal runs approve|reject|approvals, pal approvals   pal.cli.approvals
     pal tokens ...                            pal.cli.tokens
     pal receipts ...                          pal.cli.receipts
     pal worker|beat|api|flower                pal.cli.servers
@@ -19,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from pal.cli import db, demo, lineage, receipts, runs, servers, tokens
+from pal.cli import approvals, db, demo, lineage, receipts, runs, servers, tokens
 from pal.cli.common import exit_code
 from pal.errors import PalError
 
@@ -54,6 +55,10 @@ for command in (servers.worker, servers.beat, runs.run, servers.api, db.doctor, 
                 demo.demo):
     app.command()(command)
 app.command("anomalies")(runs.runs_anomalies)  # `pal anomalies` = `pal runs anomalies`
+runs.runs_app.command("approve")(approvals.runs_approve)
+runs.runs_app.command("reject")(approvals.runs_reject)
+runs.runs_app.command("approvals")(approvals.runs_approvals)
+app.command("approvals")(approvals.approvals)  # every pending approval of a tenant
 
 
 def main() -> None:

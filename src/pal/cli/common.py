@@ -91,3 +91,13 @@ def print_rows(rows: list[dict[str, Any]], as_json: bool, empty: str,
 
 def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, default=str))
+
+
+def check_tenant(tenant: str) -> str:
+    """`tenant` if it is a valid tenant id; else the command ends with exit 2."""
+    from pal.engine.runs import RUN_ID
+
+    if not RUN_ID.fullmatch(tenant) or len(tenant) > 64:
+        fail(f"tenant {tenant[:80]!r} is invalid: 1-64 letters, digits, _ . : - starting with a "
+             "letter or digit", EXIT_BAD_INPUT)
+    return tenant

@@ -45,6 +45,10 @@ def describe(event: Event) -> str:
         error = event.payload.get("error") or {}
         detail = (f" attempt {event.payload.get('attempt')} of {event.payload.get('of')} failed: "
                   + short(error.get("message"), 50))
+    elif event.kind == EventKind.APPROVAL_DECIDED:
+        comment = event.payload.get("comment")
+        detail = (f" {event.payload.get('decision')} by {event.payload.get('by')}"
+                  + (f": {short(comment, 60)}" if comment else ""))
     elif event.kind == EventKind.STEP_IN_DOUBT:
         detail = f" {event.payload.get('effect_kind')} to {event.payload.get('target')} never confirmed"
     return f"{mark} {event.kind}{step}{detail}"
@@ -57,8 +61,10 @@ def follow(
     *,
     timeout: float,
     poll: float = 0.1,
+    watch: Callable[[RunRecord], None] | None = None,
 ) -> RunRecord | None:
-    """Emit each new event until the run is terminal; None if `timeout` passes first."""
+    """Emit each new event until the run is terminal; None if `timeout` passes first. `watch` sees
+    the run after each look while it is not finished (to show what it waits for)."""
     deadline = time.monotonic() + timeout
     last = 0
     while True:
@@ -70,6 +76,8 @@ def follow(
             for event in fetch_events(last):
                 emit(event)
             return run
+        if watch is not None:
+            watch(run)
         if time.monotonic() > deadline:
             return None
         time.sleep(poll)

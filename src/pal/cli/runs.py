@@ -17,9 +17,7 @@ if TYPE_CHECKING:
     from pal.core.records import Event
 
 runs_app = typer.Typer(help="Inspect runs.", no_args_is_help=True)
-_COMMENT = typer.Option("--comment", "-m", help="Why; journaled with the decision.")
 _BY = typer.Option("--by", help="Who decides (default: $USER).")
-_HASH = typer.Option("--hash", help="Refuse unless the pending approval's hash is this (what you reviewed).")
 
 
 def run(
@@ -34,6 +32,7 @@ def run(
                                                     "(docs/anomalies.md).")] = None,
 ) -> None:
     """Enqueue a run of GRAPH, then follow it step by step (workers must be running)."""
+    from pal.cli.approvals import approval_watcher
     from pal.cli.progress import console, describe
     from pal.cli.progress import follow as follow_run
 
@@ -52,9 +51,16 @@ def run(
     out.print(f"run {new_id} queued")
     if not follow:
         return
+    # A run that parks on an approval: its prompt, `show` payload and the commands that decide it,
+    # then the rest of the run once someone has (docs/api.md, "Approvals").
+    watch = approval_watcher(client, new_id, lambda line: out.print("  " + line))
     final = follow_run(lambda seq: client.events(new_id, seq), lambda: client.get_run(new_id),
-                       lambda e: out.print("  " + describe(e)), timeout=timeout)
+                       lambda e: out.print("  " + describe(e)), timeout=timeout, watch=watch)
     if final is None:
+        if common.checked(lambda: client.get_run(new_id)).status == "waiting":
+            common.fail(f"run {new_id} still waits for a person's decision after {timeout:g}s; see "
+                        f"`pal runs approvals {new_id}` (the run stays parked until it is decided)",
+                        EXIT_TIMEOUT)
         common.fail(f"run {new_id} not finished after {timeout:g}s (is a worker running?)",
               EXIT_TIMEOUT)
     out.print(f"run {new_id} {final.status}")
@@ -96,15 +102,18 @@ def runs_show(
     run_id: str,
     as_json: common.AsJson = False,
 ) -> None:
-    """Show one run, with its lineage both ways: its source_* and the runs derived from it."""
+    """Show one run: its fields, its lineage both ways (its source_* and the runs derived from it),
+    its error with the traceback, and its steps."""
+    from pal.cli.run_view import run_lines
+
     client = common.client()
     record = common.checked(lambda: client.get_run(run_id))
-    data = record.as_dict() | {"derived_runs": client.derived_runs(run_id)}
+    derived = client.derived_runs(run_id)
     if as_json:
-        common.print_json(data)
+        common.print_json(record.as_dict() | {"derived_runs": derived})
         return
-    for key, value in data.items():
-        typer.echo(f"{key:>15}: {json.dumps(value, default=str)}")
+    for line in run_lines(record, common.checked(lambda: client.events(run_id)), derived):
+        typer.echo(line)
 
 
 @runs_app.command("events")
@@ -157,62 +166,6 @@ def runs_resume(run_id: str) -> None:
         common.fail(str(exc), common.exit_code(exc))
     steps = ", ".join(recovery.resumed_steps) or "none (nothing left to run)"
     typer.echo(f"run {run_id} re-driven at generation {recovery.generation}; resumed steps: {steps}")
-
-
-def _decide(run_id: str, step_id: str, decision: str, comment: str | None, by: str | None,
-            expected_hash: str | None) -> None:
-
-    client = common.client()
-    try:
-        outcome = client.decide(run_id, step_id, decision, comment=comment, by=by,
-                                expected_hash=expected_hash)
-    except Refused as exc:
-        common.fail(str(exc), EXIT_REFUSED)
-    except PalError as exc:
-        common.fail(str(exc), common.exit_code(exc))
-    after = "the run finished" if outcome.finished else (
-        f"dispatched: {', '.join(outcome.dispatch)}" if outcome.dispatch else "the run waits for more")
-    typer.echo(f"run {run_id} step {step_id}: {decision}; {after}")
-
-
-@runs_app.command("approve")
-def runs_approve(run_id: str, step_id: str,
-                 comment: Annotated[str | None, _COMMENT] = None,
-                 by: Annotated[str | None, _BY] = None,
-                 expected_hash: Annotated[str | None, _HASH] = None) -> None:
-    """Approve a waiting approval step (the run continues on its `approved` branch) or a budget
-    pause (the step runs once past the budget)."""
-    _decide(run_id, step_id, "approved", comment, by, expected_hash)
-
-
-@runs_app.command("reject")
-def runs_reject(run_id: str, step_id: str,
-                comment: Annotated[str | None, _COMMENT] = None,
-                by: Annotated[str | None, _BY] = None,
-                expected_hash: Annotated[str | None, _HASH] = None) -> None:
-    """Reject a waiting approval step (the `rejected` branch, or the run fails without one) or a
-    budget pause (the run fails `budget_exceeded`)."""
-    _decide(run_id, step_id, "rejected", comment, by, expected_hash)
-
-
-@runs_app.command("approvals")
-def runs_approvals(
-    run_id: str,
-    as_json: common.AsJson = False,
-) -> None:
-    """List the run's pending approvals and budget pauses, including those of its child runs."""
-    pending = common.checked(lambda: common.client().pending_approvals(run_id))
-    if as_json:
-        common.print_json([p.as_dict() for p in pending])
-        return
-    if not pending:
-        typer.echo(f"no pending approvals under run {run_id}")
-    for p in pending:
-        where = "" if p.depth == 0 else f"  (child run, depth {p.depth})"
-        expires = f"  expires {p.expires_at}" if p.expires_at else ""
-        kind = f"  [{p.kind}]" if p.kind != "approval" else ""
-        typer.echo(f"{p.run_id} {p.step_id}: {json.dumps(p.prompt)}  hash {p.approval_hash}"
-                   f"{expires}{kind}{where}")
 
 
 @runs_app.command("cancel")

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from pal.cli import common
-from pal.cli.common import EXIT_BAD_INPUT, EXIT_NOT_FOUND
+from pal.cli.common import EXIT_NOT_FOUND
 from pal.errors import PalError
 
 tokens_app = typer.Typer(help="Bearer tokens of the control plane (`pal api`).", no_args_is_help=True)
@@ -20,11 +20,8 @@ def tokens_create(
 ) -> None:
     """Create a token; its secret is printed once (only a hash is stored)."""
     from pal.core.clock import utcnow
-    from pal.engine.runs import RUN_ID
 
-    if not RUN_ID.fullmatch(tenant) or len(tenant) > 64:
-        common.fail(f"tenant {tenant!r} is invalid: 1-64 letters, digits, _ . : - starting with a "
-                    "letter or digit", EXIT_BAD_INPUT)
+    common.check_tenant(tenant)
     try:
         token_id, secret = common.client().runtime.journal.create_token(tenant_id=tenant, name=name[:128],
                                                                   now=utcnow())

@@ -380,3 +380,8 @@ FILTER_GUARDS: dict[str, Callable[..., None]] = {
     "sum": _guard_sum,
     "tojson": _guard_tojson,
 }
+
+
+# A person's decision on an approval (pal.engine.waiting.decide; the REST body says the same).
+MAX_DECISION_COMMENT_CHARS = 2000  # the comment journaled with it
+MAX_DECIDER_CHARS = 200  # who decided: `token:<name>`, or a CLI's --by

@@ -17,6 +17,11 @@ from pal.core.step_log import StepLog
 from pal.core.vocabulary import TERMINAL_STATUSES
 
 
+def plain_decimal(value: Decimal) -> str:
+    """`value` as people write money: "0", "0.0125", "100" (never `str`'s "0E-8" or "1E+2")."""
+    return format(value.normalize(), "f")
+
+
 def iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
@@ -61,7 +66,7 @@ class RunRecord:
             "id": self.id, "tenant_id": self.tenant_id, "kind": self.kind, "status": self.status,
             "graph_hash": self.graph_hash, "input": self.input, "output": self.output,
             "error": self.error, "parent_run_id": self.parent_run_id,
-            "parent_step_id": self.parent_step_id, "cost_usd": str(self.cost_usd),
+            "parent_step_id": self.parent_step_id, "cost_usd": plain_decimal(self.cost_usd),
             "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
             "created_at": iso(self.created_at), "started_at": iso(self.started_at),
             "finished_at": iso(self.finished_at), "limits": self.limits,

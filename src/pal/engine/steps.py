@@ -174,13 +174,16 @@ def _run_claimed(rt: Runtime, claim: Claim, step_id: str, generation: int) -> St
     except (LeaseLost, LeaseGone):
         log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
         return StepResult("fenced")
-    except TimeLimitReached:
+    except TimeLimitReached as stopped:
         exc = StepTimeout(f"the step ran past its time limit of {limit_s:g}s and was stopped")
+        exc.__cause__ = stopped  # its traceback shows where the step's code was when it was stopped
         return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy, claim.run.parent_run_id,
                        paused)
     except Exception as exc:  # a node's failure is data for the journal, not a worker crash
         if isinstance(exc, TypeError | ValueError) and "JSON" in str(exc):
-            exc = PalError(f"step {step_id!r} returned a value that is not JSON: {exc}")
+            not_json = PalError(f"step {step_id!r} returned a value that is not JSON: {exc}")
+            not_json.__cause__ = exc  # the journaled traceback is the encoder's
+            exc = not_json
         return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy, claim.run.parent_run_id,
                        paused)
     if isinstance(result, Park):
@@ -294,15 +297,21 @@ def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: in
         if not kept:
             return StepResult("fenced")
         faults.point("after_retry_commit", step_id, run_id)
-        log.info("run %s step %s: %s; attempt %d in %.3gs", run_id, step_id, decision.reason,
-                 decision.next_attempt, decision.backoff_s)
+        # Not a failure yet: one line, without the traceback (journaled in step_retrying).
+        log.warning("run %s step %s attempt %d: %s: %s; %s; attempt %d in %.3gs", run_id, step_id,
+                    attempt, error["type"], error["message"], decision.reason, decision.next_attempt,
+                    decision.backoff_s)
         if retry.backoff_lease(decision.backoff_s, settings.lease_ttl)[1]:
             rt.publish(run_id, step_id, generation, countdown=decision.backoff_s)
         return StepResult("retrying", (step_id,), error=error)
     if policy.max_attempts > 1:
         error["retry"] = decision.reason
     failed = journal.fail_step(rt.fence(run_id, generation), step_id, attempt, error)
-    log.info("run %s step %s failed: %s", run_id, step_id, exc)
-    if failed:
-        _wake_parent(rt, parent_run_id)
-    return StepResult("failed" if failed else "fenced", finished=failed, error=error)
+    if not failed:
+        log.info("run %s step %s failed, but its write was fenced out: %s", run_id, step_id, exc)
+        return StepResult("fenced", error=error)
+    # The journaled traceback (bounded, redacted), so the log and the journal say the same.
+    log.error("run %s step %s failed (attempt %d): %s: %s\n%s", run_id, step_id, attempt, error["type"],
+              error["message"], error["traceback"].rstrip() or "(no traceback)")
+    _wake_parent(rt, parent_run_id)
+    return StepResult("failed", finished=True, error=error)

@@ -18,13 +18,14 @@ from typing import Any
 from pal.core.clock import utcnow
 from pal.core.confidence import LOW_CONFIDENCE
 from pal.core.failures import failure_payload
+from pal.core.limits import MAX_DECIDER_CHARS, MAX_DECISION_COMMENT_CHARS
 from pal.core.records import Handoff, RunRecord
 from pal.core.step_log import DECIDED_WAITS, RESUMING_WAITS
 from pal.core.vocabulary import EventKind
 from pal.engine.gate import ConfidenceRejected
 from pal.engine.runtime import Runtime
 from pal.engine.watch import budget_failure
-from pal.errors import PalError, Refused, StepError
+from pal.errors import InputError, PalError, Refused, StepError
 from pal.plan.interpreter import GraphProgram, Program
 from pal.storage.primitives import WAIT_RECHECK_SECONDS
 
@@ -129,6 +130,11 @@ def decide(rt: Runtime, run_id: str, step_id: str, decision: str, *, by: str,
     its `low_confidence` edge when the graph has one, else fails `confidence_rejected`."""
     if decision not in DECISIONS:
         raise Refused(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}")
+    if comment is not None and len(comment) > MAX_DECISION_COMMENT_CHARS:
+        raise InputError(f"a decision's comment is at most {MAX_DECISION_COMMENT_CHARS} characters, not "
+                         f"{len(comment)}; nothing was decided")
+    if len(by) > MAX_DECIDER_CHARS:
+        raise InputError(f"who decides is at most {MAX_DECIDER_CHARS} characters; nothing was decided")
     run = rt.journal.get_run(run_id)
     pending = {w["step_id"]: w["payload"] for w in rt.journal.waiting_steps(run_id)}.get(step_id) or {}
     kind = pending.get("kind")
@@ -247,5 +253,15 @@ def pending_approvals(rt: Runtime, run_id: str, depth: int = 0) -> list[PendingA
     for child in rt.journal.children(run_id):
         if not child.terminal:
             found += pending_approvals(rt, child.id, depth + 1)
+    return found
+
+
+def tenant_approvals(rt: Runtime, tenant_id: str, limit: int = 100) -> list[PendingApproval]:
+    """Every pending approval of the tenant's parked runs (at most `limit` runs, newest first), each
+    under the run that waits on it: a child run that waits is itself a parked run of the tenant, so
+    its approvals come up once, under it, and not again under its parent."""
+    found: list[PendingApproval] = []
+    for run in rt.journal.list_runs(tenant_id=tenant_id, status="waiting", limit=limit):
+        found += [p for p in pending_approvals(rt, run.id) if p.depth == 0]
     return found
 

@@ -50,9 +50,15 @@ class TokenStore(StoreBase):
 
     def token_tenant(self, secret: str) -> str | None:
         """The tenant of a live token, None for an unknown or revoked one."""
+        owner = self.token_owner(secret)
+        return owner[0] if owner else None
+
+    def token_owner(self, secret: str) -> tuple[str, str] | None:
+        """(tenant, name) of a live token, None for an unknown or revoked one."""
         with self._tx() as conn:
-            return conn.execute(sa.select(api_tokens.c.tenant_id).where(
-                api_tokens.c.token_hash == _token_hash(secret), api_tokens.c.revoked_at.is_(None))).scalar()
+            row = conn.execute(sa.select(api_tokens.c.tenant_id, api_tokens.c.name).where(
+                api_tokens.c.token_hash == _token_hash(secret), api_tokens.c.revoked_at.is_(None))).first()
+        return (row.tenant_id, row.name) if row else None
 
     def revoke_token(self, *, token_id: str, now: datetime) -> bool:
         with self._tx() as conn:

@@ -49,6 +49,9 @@ DELIVERY_SETTINGS: dict[str, Any] = {
     "broker_connection_retry_on_startup": True,
     "task_acks_late": True,
     "task_reject_on_worker_lost": True,
+    # A task that raised (StepFailed: its failure is journaled) is acknowledged, not redelivered;
+    # only a worker lost mid-task gives its message back (Celery's default, spelled out).
+    "task_acks_on_failure_or_timeout": True,
     "worker_prefetch_multiplier": 1,
     "task_serializer": "json",
     "accept_content": ["json"],

@@ -16,7 +16,7 @@ from pal.engine.recovery import sweep
 from pal.engine.runs import start_run
 from pal.engine.steps import execute_step
 from pal.engine.vms import spawn_vm
-from pal.errors import GraphError, InputError, Refused
+from pal.errors import GraphError, InputError, Refused, StepFailed
 from pal.workers.task_names import (
     EXECUTE_NODE,
     RECOMPUTE_BASELINES,
@@ -31,13 +31,21 @@ log = logging.getLogger(__name__)
 
 def register_tasks(app: Celery) -> None:
     """Register PAL's tasks on `app`, a PalCelery (pal.workers.app) whose `runtime` they use."""
-    @app.task(name=EXECUTE_NODE, bind=True, shared=False)  # type: ignore[untyped-decorator]
+    # `throws`: Celery logs a StepFailed in one INFO line; the engine logged it at ERROR with the
+    # step's own traceback (pal.engine.steps), which Celery's would only bury.
+    @app.task(name=EXECUTE_NODE, bind=True, shared=False,  # type: ignore[untyped-decorator]
+              throws=(StepFailed,))
     def execute_node(self: Any, run_id: Any, step_id: Any, generation: Any, signature: Any = None) -> str:
         """Execute one graph node of one run (one node per message).
 
         Anyone who reaches the broker can send this message: it runs only if it carries PAL's
         signature of exactly (run, step, generation) (pal.core.doorbell); anything else is refused
-        before the journal is touched, and never fails the run."""
+        before the journal is touched, and never fails the run.
+
+        A step that failed for good (its failure and the run's committed) ends the task as FAILURE
+        (StepFailed), so Celery and Flower show it failed; the message is still acknowledged
+        (docs/architecture.md, "Delivery"), never redelivered. Every other outcome (completed,
+        retrying, waiting, a stale, duplicate or forged message) is a success."""
         rt = self.app.runtime
         if not (isinstance(run_id, str) and isinstance(step_id, str) and type(generation) is int
                 and rt.doorbell_is_genuine(run_id, step_id, generation, signature)):
@@ -45,8 +53,12 @@ def register_tasks(app: Celery) -> None:
                         "generation %.32r)", run_id, step_id, generation)
             return "forged"
         sent_at = getattr(self.request, SENT_AT_HEADER, None)
-        return execute_step(rt, run_id, step_id, generation,
-                            sent_at=sent_at if isinstance(sent_at, float) else None).outcome
+        result = execute_step(rt, run_id, step_id, generation,
+                              sent_at=sent_at if isinstance(sent_at, float) else None)
+        if result.outcome == "failed":
+            error = result.error or {}
+            raise StepFailed(run_id, step_id, str(error.get("type", "")), str(error.get("message", ""))[:500])
+        return result.outcome
 
     @app.task(name=SWEEP_ORPHANS, bind=True, shared=False)  # type: ignore[untyped-decorator]
     def sweep_orphans(self: Any) -> dict[str, Any]:
