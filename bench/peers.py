@@ -1,0 +1,86 @@
+"""What the peer benchmarks share (bench/dbos_peer.py, bench/langgraph_peer.py, bench/restate_peer.py):
+the two scenarios, their sizes, the JSON shape of a result and the table each prints.
+
+A result is {"<peer>_version", ..., "linear": {...}, "concurrent": {...}}; each scenario has
+"workflows" (runs or invocations), "steps" (all of them in one repetition), "steps_per_s" (one
+figure per repetition) and its "median", and where the peer measures CPU, "cpu_ms_per_step" (all
+the peer's processes, per repetition) and its "cpu_ms_median". bench/all.py reads these keys.
+A peer that cannot run writes {"error": "why"} instead, so that the table can say why.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+WARM_STEPS = 10  # steps per run in the untimed warm-up round
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    workflows: int
+    steps: int  # steps per workflow
+
+    @property
+    def total(self) -> int:
+        return self.workflows * self.steps
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.workflows}x{self.steps})"
+
+
+def scenarios(quick: bool) -> list[Scenario]:
+    """The same shapes as bench/throughput.py: one long chain, and many shorter ones at once."""
+    if quick:
+        return [Scenario("linear", 1, 50), Scenario("concurrent", 5, 20)]
+    return [Scenario("linear", 1, 300), Scenario("concurrent", 20, 100)]
+
+
+def warm_ups(plan: list[Scenario]) -> list[Scenario]:
+    """One small untimed round of each shape: pooled connections, threads, first-use code paths."""
+    return [Scenario(f"warm-up {s.name}", s.workflows, WARM_STEPS) for s in plan]
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def log_rep(rep: int, reps: int, scenario: Scenario, rate: float, cpu_ms: float | None = None) -> None:
+    spent = "" if cpu_ms is None else f" {cpu_ms:5.2f} ms CPU/step"
+    log(f"rep {rep}/{reps} {scenario.label:<22} {scenario.total:5d} steps "
+        f"{scenario.total / rate:7.2f}s {rate:8.1f} steps/s{spent}")
+
+
+def summarize(scenario: Scenario, rates: list[float], cpu_ms: list[float] | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {"workflows": scenario.workflows, "steps": scenario.total, "steps_per_s": rates,
+                           "median": statistics.median(rates)}
+    if cpu_ms:
+        row.update({"cpu_ms_per_step": cpu_ms, "cpu_ms_median": statistics.median(cpu_ms)})
+    return row
+
+
+def print_table(title: str, peer: str, result: dict[str, Any]) -> None:
+    print(title)
+    header = f"{'scenario':<22} {'steps':>6} {peer + ' steps/s':>16} {'CPU ms/step':>11}  per rep"
+    print(header)
+    print("-" * len(header))
+    for name in ("linear", "concurrent"):
+        row = result[name]
+        label = f"{name} ({row['workflows']}x{row['steps'] // row['workflows']})"
+        samples = " ".join(f"{r:.1f}" for r in row["steps_per_s"])
+        spent = row.get("cpu_ms_median")
+        cpu_ms = "n/a" if spent is None else f"{spent:.2f}"
+        print(f"{label:<22} {row['steps']:>6} {row['median']:16.1f} {cpu_ms:>11}  {samples}")
+
+
+def write_failure(path: Path | None, exc: BaseException, peer: str) -> None:
+    """Say why the peer could not be measured, on stderr and in its JSON result."""
+    log(f"{peer} peer failed: {exc}")
+    if path is not None:
+        path.write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}"[:300]}))
