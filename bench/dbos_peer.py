@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import json
 import sys
 import threading
 import time
@@ -39,7 +38,7 @@ if str(REPO) not in sys.path:
 
 from dbos import DBOS, DBOSConfig, WorkflowHandle  # noqa: E402
 
-from bench.peers import Scenario, log, log_rep, print_table, scenarios, summarize, warm_ups  # noqa: E402
+from bench.peers import Samples, Scenario, finish, log, scenarios, warm_ups  # noqa: E402
 from bench.throughput import bench_arguments, cleanup_on_signals  # noqa: E402
 
 ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
@@ -161,18 +160,14 @@ def measure(reps: int, quick: bool) -> dict[str, Any]:
     DBOS is a process-wide singleton: call this while no other DBOS instance exists.
     """
     plan = scenarios(quick)
-    rates: dict[str, list[float]] = {s.name: [] for s in plan}
+    samples = Samples(plan, reps)
     with fresh_database() as database, launched_dbos(database):
         for scenario in warm_ups(plan):
             run_scenario(scenario)
         for rep in range(1, reps + 1):
             for scenario in plan:
-                rate = run_scenario(scenario)
-                rates[scenario.name].append(rate)
-                log_rep(rep, reps, scenario, rate)
-    result: dict[str, Any] = {"dbos_version": importlib.metadata.version("dbos")}
-    result.update({s.name: summarize(s, rates[s.name]) for s in plan})
-    return result
+                samples.add(rep, scenario, run_scenario(scenario))
+    return samples.result({"dbos_version": importlib.metadata.version("dbos")})
 
 
 # ------------------------------------------------------------------------------------- main
@@ -182,10 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     args, reps = bench_arguments(__doc__, "small workflows", None, argv)
     with cleanup_on_signals():
         result = measure(reps, args.quick)
-    print_table(f"DBOS {result['dbos_version']}, system database on 127.0.0.1, reps {reps}, medians",
-                "DBOS", result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    finish(result, f"DBOS {result['dbos_version']}, system database on 127.0.0.1, reps {reps}, medians",
+           "DBOS", args.json)
     return 0
 
 

@@ -57,12 +57,31 @@ def log_rep(rep: int, reps: int, scenario: Scenario, rate: float, cpu_ms: float 
         f"{scenario.total / rate:7.2f}s {rate:8.1f} steps/s{spent}")
 
 
-def summarize(scenario: Scenario, rates: list[float], cpu_ms: list[float] | None = None) -> dict[str, Any]:
-    row: dict[str, Any] = {"workflows": scenario.workflows, "steps": scenario.total, "steps_per_s": rates,
-                           "median": statistics.median(rates)}
-    if cpu_ms:
-        row.update({"cpu_ms_per_step": cpu_ms, "cpu_ms_median": statistics.median(cpu_ms)})
-    return row
+class Samples:
+    """Each scenario's steps/s (and CPU ms per step, where measured) over the repetitions."""
+
+    def __init__(self, plan: list[Scenario], reps: int) -> None:
+        self.plan, self.reps = plan, reps
+        self.rates: dict[str, list[float]] = {s.name: [] for s in plan}
+        self.cpu_ms: dict[str, list[float]] = {s.name: [] for s in plan}
+
+    def add(self, rep: int, scenario: Scenario, rate: float, cpu_ms: float | None = None) -> None:
+        self.rates[scenario.name].append(rate)
+        if cpu_ms is not None:
+            self.cpu_ms[scenario.name].append(cpu_ms)
+        log_rep(rep, self.reps, scenario, rate, cpu_ms)
+
+    def result(self, versions: dict[str, str]) -> dict[str, Any]:
+        """`versions`, then one entry per scenario in the shape the module docstring gives."""
+        result: dict[str, Any] = dict(versions)
+        for scenario in self.plan:
+            rates, cpu_ms = self.rates[scenario.name], self.cpu_ms[scenario.name]
+            row: dict[str, Any] = {"workflows": scenario.workflows, "steps": scenario.total,
+                                   "steps_per_s": rates, "median": statistics.median(rates)}
+            if cpu_ms:
+                row.update({"cpu_ms_per_step": cpu_ms, "cpu_ms_median": statistics.median(cpu_ms)})
+            result[scenario.name] = row
+        return result
 
 
 def print_table(title: str, peer: str, result: dict[str, Any]) -> None:
@@ -77,6 +96,13 @@ def print_table(title: str, peer: str, result: dict[str, Any]) -> None:
         spent = row.get("cpu_ms_median")
         cpu_ms = "n/a" if spent is None else f"{spent:.2f}"
         print(f"{label:<22} {row['steps']:>6} {row['median']:16.1f} {cpu_ms:>11}  {samples}")
+
+
+def finish(result: dict[str, Any], title: str, peer: str, path: Path | None) -> None:
+    """Print the table and, with --json, write the result."""
+    print_table(title, peer, result)
+    if path is not None:
+        path.write_text(json.dumps(result, indent=2))
 
 
 def write_failure(path: Path | None, exc: BaseException, peer: str) -> None:

@@ -52,7 +52,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import cpu  # noqa: E402
-from bench.peers import Scenario, log, log_rep, print_table, scenarios, summarize, warm_ups, write_failure  # noqa: E402
+from bench.peers import Samples, Scenario, finish, log, scenarios, warm_ups, write_failure  # noqa: E402
 from bench.throughput import bench_arguments, cleanup_on_signals, log_tail, stop_process  # noqa: E402
 
 SERVER_PACKAGE = "@restatedev/restate-server"
@@ -299,20 +299,15 @@ def measure(reps: int, quick: bool, binary: Path) -> dict[str, Any]:
     "steps_per_s" and "cpu_ms_per_step" (one figure per repetition) and their medians.
     """
     plan = scenarios(quick)
-    rates: dict[str, list[float]] = {s.name: [] for s in plan}
-    spent: dict[str, list[float]] = {s.name: [] for s in plan}
+    samples = Samples(plan, reps)
     with running_restate(binary) as pids:
         warm_up(plan, pids)
         for rep in range(1, reps + 1):
             for scenario in plan:
                 rate, cpu_ms = run_scenario(scenario, pids)
-                rates[scenario.name].append(rate)
-                spent[scenario.name].append(cpu_ms)
-                log_rep(rep, reps, scenario, rate, cpu_ms)
-    result: dict[str, Any] = {"restate_version": SERVER_VERSION,
-                              "restate_sdk_version": importlib.metadata.version("restate-sdk")}
-    result.update({s.name: summarize(s, rates[s.name], spent[s.name]) for s in plan})
-    return result
+                samples.add(rep, scenario, rate, cpu_ms)
+    return samples.result({"restate_version": SERVER_VERSION,
+                           "restate_sdk_version": importlib.metadata.version("restate-sdk")})
 
 
 # ------------------------------------------------------------------------------------- main
@@ -336,10 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # bench/all.py shows why in its table; the peers around it still run
         write_failure(args.json, exc, "Restate")
         return 1
-    print_table(f"Restate {result['restate_version']} (Python SDK {result['restate_sdk_version']}), "
-                f"loopback only, reps {reps}, medians", "Restate", result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    finish(result, f"Restate {result['restate_version']} (Python SDK {result['restate_sdk_version']}), "
+                f"loopback only, reps {reps}, medians", "Restate", args.json)
     return 0
 
 
