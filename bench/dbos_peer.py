@@ -15,6 +15,9 @@ workflow's thread, checkpointing its output to the system database before the ne
 Each process run gets a fresh Postgres database `palbench_dbos_<hex>` on 127.0.0.1 as the DBOS
 system database; DBOS is launched once per run, warmed up with one untimed round of each
 scenario's shape, destroyed at the end, and the database is dropped, also on failure.
+
+CPU per step is the user + system time of this process and of every Postgres process over a
+measurement, divided by its steps (bench/cpu.py).
 """
 
 from __future__ import annotations
@@ -38,7 +41,16 @@ if str(REPO) not in sys.path:
 
 from dbos import DBOS, DBOSConfig, WorkflowHandle  # noqa: E402
 
-from bench.peers import Samples, Scenario, finish, log, scenarios, warm_ups  # noqa: E402
+from bench.peers import (  # noqa: E402
+    Samples,
+    Scenario,
+    finish,
+    in_process_cpu,
+    in_process_ms,
+    log,
+    scenarios,
+    warm_ups,
+)
 from bench.throughput import bench_arguments, cleanup_on_signals  # noqa: E402
 
 ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
@@ -140,15 +152,18 @@ def await_results(handles: list[WorkflowHandle[int]], timeout: float) -> tuple[l
     return results, finished[0]
 
 
-def run_scenario(scenario: Scenario, timeout: float = WAIT_TIMEOUT) -> float:
-    """Run `scenario` once; its steps per second."""
+def run_scenario(scenario: Scenario, timeout: float = WAIT_TIMEOUT) -> tuple[float, float]:
+    """Run `scenario` once; its steps per second and CPU milliseconds per step (this process and
+    Postgres)."""
+    before = in_process_cpu()
     t0 = time.perf_counter()
     # start_workflow records the workflow row, then hands it to DBOS's thread pool and returns.
     handles = [DBOS.start_workflow(chain, scenario.steps) for _ in range(scenario.workflows)]
     results, t1 = await_results(handles, timeout)
+    spent = in_process_ms(before, scenario.total)
     if results != [scenario.steps] * scenario.workflows:
         raise RuntimeError(f"{scenario.name}: workflows returned {results}, expected {scenario.steps} each")
-    return scenario.total / (t1 - t0)
+    return scenario.total / (t1 - t0), spent
 
 
 def measure(reps: int, quick: bool) -> dict[str, Any]:
@@ -166,7 +181,7 @@ def measure(reps: int, quick: bool) -> dict[str, Any]:
             run_scenario(scenario)
         for rep in range(1, reps + 1):
             for scenario in plan:
-                samples.add(rep, scenario, run_scenario(scenario))
+                samples.add(rep, scenario, *run_scenario(scenario))
     return samples.result({"dbos_version": importlib.metadata.version("dbos")})
 
 

@@ -43,8 +43,17 @@ if str(REPO) not in sys.path:
     # Run as a script or as `python -m bench.langgraph_peer`: the same module path either way.
     sys.path.insert(0, str(REPO))
 
-from bench import cpu  # noqa: E402
-from bench.peers import Samples, Scenario, finish, log, scenarios, warm_ups, write_failure  # noqa: E402
+from bench.peers import (  # noqa: E402
+    Samples,
+    Scenario,
+    finish,
+    in_process_cpu,
+    in_process_ms,
+    log,
+    scenarios,
+    warm_ups,
+    write_failure,
+)
 from bench.throughput import bench_arguments, cleanup_on_signals  # noqa: E402
 
 PG_URL = "postgresql://postgres@127.0.0.1:5432/{database}"
@@ -132,18 +141,18 @@ async def run_scenario(graphs: Graphs, scenario: Scenario,
     graph = graphs.linear(scenario.steps)
     configs = [{"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": scenario.steps + 10}
                for _ in range(scenario.workflows)]
-    before = cpu.snapshot(-1)
+    before = in_process_cpu()
     t0 = time.perf_counter()
     runs = asyncio.gather(*(graph.ainvoke({"done": 0}, config, durability="sync") for config in configs))
     finals = await asyncio.wait_for(runs, timeout)
     t1 = time.perf_counter()
-    spent = cpu.ms_per_step(before, cpu.snapshot(-1), scenario.total)
+    spent = in_process_ms(before, scenario.total)
     done = [final["done"] for final in finals]
     saved = [(await graph.aget_state(config)).values.get("done") for config in configs]
     if done != [scenario.steps] * scenario.workflows or saved != done:
         raise RuntimeError(f"{scenario.name}: runs returned {done} and checkpointed {saved}, "
                            f"expected {scenario.steps} each")
-    return scenario.total / (t1 - t0), spent.get("driver", 0.0) + spent.get("postgres", 0.0)
+    return scenario.total / (t1 - t0), spent
 
 
 async def measure(reps: int, quick: bool) -> dict[str, Any]:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import cpu
+
 WARM_STEPS = 10  # steps per run in the untimed warm-up round
 
 
@@ -45,6 +47,18 @@ def scenarios(quick: bool) -> list[Scenario]:
 def warm_ups(plan: list[Scenario]) -> list[Scenario]:
     """One small untimed round of each shape: pooled connections, threads, first-use code paths."""
     return [Scenario(f"warm-up {s.name}", s.workflows, WARM_STEPS) for s in plan]
+
+
+def in_process_cpu() -> cpu.Snapshot:
+    """CPU so far of this process and of Postgres: all a peer that runs its steps in the driving
+    process spends (DBOS, LangGraph)."""
+    return cpu.snapshot(-1)  # no worker process: only the driver and Postgres groups fill
+
+
+def in_process_ms(before: cpu.Snapshot, steps: int) -> float:
+    """CPU milliseconds per step of this process and Postgres since `before`."""
+    spent = cpu.ms_per_step(before, cpu.snapshot(-1), steps)
+    return spent.get("driver", 0.0) + spent.get("postgres", 0.0)
 
 
 def log(message: str) -> None:

@@ -52,7 +52,15 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import cpu  # noqa: E402
-from bench.peers import Samples, Scenario, finish, log, scenarios, warm_ups, write_failure  # noqa: E402
+from bench.peers import (  # noqa: E402
+    Samples,
+    Scenario,
+    finish,
+    log,
+    scenarios,
+    warm_ups,
+    write_failure,
+)
 from bench.throughput import bench_arguments, cleanup_on_signals, log_tail, stop_process  # noqa: E402
 
 SERVER_PACKAGE = "@restatedev/restate-server"
