@@ -38,9 +38,9 @@ class Scenario:
 
 
 def scenarios(quick: bool) -> list[Scenario]:
-    """The same shapes as bench/throughput.py: one long chain, and many shorter ones at once."""
+    """The same shapes and sizes as bench/throughput.py: one long chain, and many shorter ones at once."""
     if quick:
-        return [Scenario("linear", 1, 50), Scenario("concurrent", 5, 20)]
+        return [Scenario("linear", 1, 60), Scenario("concurrent", 5, 40)]
     return [Scenario("linear", 1, 300), Scenario("concurrent", 20, 100)]
 
 

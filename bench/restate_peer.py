@@ -12,8 +12,9 @@ response is checked to be the number of steps that invocation ran.
 
 How it runs. `restate-server` (the pinned SERVER_VERSION, installed by this script with npm into
 .venv/restate-server, or ~/.cache/palbench/ without a .venv) keeps each invocation's journal in its
-own durable log: a `ctx.run` result is appended (and the server's log flushed to disk) before the
-SDK hands it to the handler, so a step is on record before the next one starts. The service is
+own execution log (default configuration, fsync on): the SDK proposes a `ctx.run` result to the
+server and the handler goes on with the value the server sends back once it has stored it, so a
+step is on record before the next one starts. The service is
 this module served by hypercorn in a second process (`--serve`, HTTP/2 without TLS, the protocol
 the server speaks to a deployment); it is registered through the admin API (:9070), and the driver
 invokes it through the ingress (:8080) with httpx, all concurrent requests on one asyncio loop.
