@@ -185,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         write_failure(args.json, exc, "LangGraph")
         return 1
     finish(result, f"LangGraph {result['langgraph_version']} + langgraph-checkpoint-postgres "
-                f"{result['checkpoint_postgres_version']} (durability sync), Postgres on 127.0.0.1, "
-                f"reps {reps}, medians", "LangGraph", args.json)
+           f"{result['checkpoint_postgres_version']} (durability sync), Postgres on 127.0.0.1, "
+           f"reps {reps}, medians", "LangGraph", args.json)
     return 0
 
 

@@ -329,19 +329,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve is not None:
         serve(args.serve)
         return 0
+    # SIGTERM becomes KeyboardInterrupt on both sides of the namespace: outside, so that the child
+    # is told to stop too; inside, so that its `finally` blocks stop the server and the service.
     try:
-        if not os.environ.get(NETNS_MARK):
-            # Outside the namespace: install the server (it needs the registry), then go in.
-            server_binary()
-            return reexec_in_netns(argv)
-        bring_up_loopback()
         with cleanup_on_signals():
+            if not os.environ.get(NETNS_MARK):
+                # Outside the namespace: install the server (it needs the registry), then go in.
+                server_binary()
+                return reexec_in_netns(argv)
+            bring_up_loopback()
             result = measure(reps, args.quick, server_binary())
     except Exception as exc:  # bench/all.py shows why in its table; the peers around it still run
         write_failure(args.json, exc, "Restate")
         return 1
     finish(result, f"Restate {result['restate_version']} (Python SDK {result['restate_sdk_version']}), "
-                f"loopback only, reps {reps}, medians", "Restate", args.json)
+           f"loopback only, reps {reps}, medians", "Restate", args.json)
     return 0
 
 
