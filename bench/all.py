@@ -5,9 +5,12 @@ docs/benchmarks.md (between the `make bench` markers).
 
 Runs, one after the other on the local Postgres and Redis (127.0.0.1 only), each in its own process:
   bench/throughput.py  PAL against raw Celery and the two-commits-per-hop floor (linear, concurrent)
-  bench/dbos_peer.py   DBOS on the same Postgres (the same two scenarios); one repetition of each of
-                       these two in turn, --reps times, so that both sides of PAL / DBOS share the
-                       machine's drifts
+  bench/dbos_peer.py   DBOS on the same Postgres (the same two scenarios)
+  bench/langgraph_peer.py  LangGraph with its Postgres checkpointer (durability sync), same Postgres
+  bench/restate_peer.py    Restate's server and Python SDK, in a loopback-only network namespace
+                       one repetition of each of these four in turn, --reps times, so that both
+                       sides of every PAL / peer ratio share the machine's drifts; a peer that
+                       cannot be installed or fails shows as n/a, with why, and the others still run
   bench/scale.py       sweep pass at 1,000,000 finished runs, replay of 10,000 steps, worker memory
   bench/recovery.py    recovery latency after SIGKILL
   bench/sse.py         SSE latency against clients polling the journal
@@ -72,20 +75,71 @@ def _target(met: bool | None) -> str:
     return "n/a" if met is None else ("met" if met else "**missed**")
 
 
-HEADER = ("| scenario | PAL | raw Celery | floor (2 commits/hop) | 2 rows in 1 commit | DBOS "
-          "| PAL / floor | PAL / DBOS | target |\n|---|---:|---:|---:|---:|---:|---:|---:|---|")
+PEERS = {"dbos_peer": "DBOS", "langgraph_peer": "LangGraph", "restate_peer": "Restate"}
+# PAL / peer targets per scenario: DBOS's from issue 8 (with >= 0.9x the floor), Restate's from issue 24.
+WANT_DBOS = {"linear": 1.0, "concurrent": 1.2}
+WANT_RESTATE = {"linear": 0.9, "concurrent": 0.5}
+WANT_CPU_MS = 1.5  # issue 24: PAL's CPU per step, all processes
+
+HEADER = ("| scenario | PAL | raw Celery | floor (2 commits/hop) | 2 rows in 1 commit | DBOS | LangGraph "
+          "| Restate | PAL / floor | PAL / DBOS | PAL / LangGraph | PAL / Restate "
+          "| target (issue 8) | target (issue 24) |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
 
 
-def throughput_rows(throughput: dict[str, Any] | None, dbos: dict[str, Any]) -> list[str]:
+def _peer(peers: dict[str, dict[str, Any] | None], name: str, key: str) -> dict[str, Any]:
+    """One scenario of one peer's merged result ({} when the peer failed)."""
+    return dict((peers.get(name) or {}).get(key) or {})
+
+
+def throughput_rows(throughput: dict[str, Any] | None, peers: dict[str, dict[str, Any] | None]) -> list[str]:
     rows = []
-    for key, want_dbos in (("linear", 1.0), ("concurrent", 1.2)):
+    for key in ("linear", "concurrent"):
         row = _scenario(throughput, key)
-        pal, floor, peer = row.get("pal"), row.get("floor"), (dbos.get(key) or {}).get("median")
-        met = None if not (pal and floor and peer) else (pal / floor >= 0.9 and pal / peer >= want_dbos)
+        pal, floor = row.get("pal"), row.get("floor")
+        dbos, langgraph, restate = (_peer(peers, name, key).get("median") for name in PEERS)
+        met = None if not (pal and floor and dbos) else (pal / floor >= 0.9 and pal / dbos >= WANT_DBOS[key])
+        met_restate = None if not (pal and restate) else pal / restate >= WANT_RESTATE[key]
         rows.append(f"| {row.get('scenario', key)} | {_num(pal)} | {_num(row.get('raw'))} | {_num(floor)} "
-                    f"| {_num(row.get('floor1'))} | {_num(peer)} "
-                    f"| {_ratio(pal, floor)} | {_ratio(pal, peer)} "
-                    f"| >= 0.9x floor, >= {want_dbos}x DBOS: {_target(met)} |")
+                    f"| {_num(row.get('floor1'))} | {_num(dbos)} | {_num(langgraph)} | {_num(restate)} "
+                    f"| {_ratio(pal, floor)} | {_ratio(pal, dbos)} | {_ratio(pal, langgraph)} "
+                    f"| {_ratio(pal, restate)} "
+                    f"| >= 0.9x floor, >= {WANT_DBOS[key]}x DBOS: {_target(met)} "
+                    f"| >= {WANT_RESTATE[key]}x Restate: {_target(met_restate)} |")
+    return rows
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()).replace("|", "/")
+
+
+def peer_failures(peers: dict[str, dict[str, Any] | None]) -> list[str]:
+    """Why a peer's columns say n/a: its own words (bench/peers.py, write_failure), or no result."""
+    lines = []
+    for name, label in PEERS.items():
+        result = peers.get(name)
+        if result is None:
+            lines.append(f"- {label}: n/a, bench/{name}.py produced no result (see the run's output)")
+        elif "error" in result:
+            lines.append(f"- {label}: n/a, {_one_line(result['error'])}")
+        if result and result.get("failed_reps"):
+            lines.append(f"- {label}: {result['failed_reps']} repetition(s) failed: "
+                         f"{_one_line(result['last_error'])}")
+    return ["Peers without figures in this run:", "", *lines, ""] if lines else []
+
+
+def cpu_total_rows(throughput: dict[str, Any] | None, peers: dict[str, dict[str, Any] | None]) -> list[str]:
+    """CPU per step over all of each side's processes (medians), against issue 24's bound for PAL."""
+    rows = [f"| CPU ms per step, all processes (medians) | PAL | {' | '.join(PEERS.values())} | target |",
+            "|---|---:|---:|---:|---:|---|"]
+    for key in ("linear", "concurrent"):
+        row = _scenario(throughput, key)
+        spent = (row.get("cpu_samples") or {}).get("pal") or []
+        pal = sum(cpu.medians(spent).values()) if spent else None
+        peer_ms = " | ".join(_num(_peer(peers, name, key).get("cpu_ms_median"), ".2f") for name in PEERS)
+        met = None if pal is None else pal <= WANT_CPU_MS
+        rows.append(f"| {row.get('scenario', key)} | {_num(pal, '.2f')} | {peer_ms} "
+                    f"| PAL <= {WANT_CPU_MS} ms: {_target(met)} |")
     return rows
 
 
@@ -105,15 +159,17 @@ def cpu_rows(throughput: dict[str, Any] | None) -> list[str]:
     return rows if len(rows) > 2 else []
 
 
-def paired_lines(throughput: dict[str, Any] | None, dbos: dict[str, Any]) -> list[str]:
+def paired_lines(throughput: dict[str, Any] | None, peers: dict[str, dict[str, Any] | None]) -> list[str]:
     """PAL / peer for each repetition (the two measured minutes apart at most), and their median:
-    a drift of the machine's speed between repetitions cancels out of these."""
+    a drift of the machine's speed between repetitions cancels out of these. A peer's failed
+    repetition is None in its list and pairs with nothing."""
     lines = []
     for key in ("linear", "concurrent"):
         samples = _scenario(throughput, key).get("samples", {})
         pal = samples.get("pal", [])
         for label, peer in (("floor", samples.get("floor", [])),
-                            ("DBOS", (dbos.get(key) or {}).get("steps_per_s", []))):
+                            *((label, _peer(peers, name, key).get("steps_per_s", []))
+                              for name, label in PEERS.items())):
             ratios = [p / q for p, q in zip(pal, peer, strict=False) if q]
             if ratios:
                 lines.append(f"- {key}, PAL / {label} per rep: "
@@ -162,35 +218,38 @@ def trace_lines(traces: dict[str, Any] | None) -> list[str]:
 def report(results: dict[str, dict[str, Any] | None], reps: int, quick: bool) -> str:
     """The markdown block written into docs/benchmarks.md."""
     sized = " (--quick sizes)" if quick else ""
+    peers = {name: results.get(name) for name in PEERS}
     lines = [f"Generated by `make bench` on {datetime.date.today().isoformat()}, {reps} rep(s){sized}; "
              "steps/s are medians, ratios PAL / peer in the same run.", "", HEADER,
-             *throughput_rows(results.get("throughput"), results.get("dbos_peer") or {}), "",
-             *paired_lines(results.get("throughput"), results.get("dbos_peer") or {}), "",
+             *throughput_rows(results.get("throughput"), peers), "",
+             *peer_failures(peers),
+             *paired_lines(results.get("throughput"), peers), "",
+             *cpu_total_rows(results.get("throughput"), peers), "",
              *cpu_rows(results.get("throughput")), "",
              *measure_rows(*(results.get(k) or {} for k in ("scale", "recovery", "sse"))), "",
              *trace_lines(results.get("traces"))]
-    failed = [name for name, value in results.items() if value is None]
+    failed = [name for name, value in results.items() if value is None or "error" in value]
     if failed:
         lines += ["", f"Did not produce results in this run: {', '.join(failed)} (see the run's output)."]
     return "\n".join(lines)
 
 
 def interleaved(reps: int, quick: bool, folder: Path) -> dict[str, dict[str, Any] | None]:
-    """PAL with its Celery peers, and DBOS, one repetition each in turn: this machine's speed drifts
-    by 2x within minutes, and a drift must hit both sides of a PAL / DBOS ratio alike."""
+    """PAL with its Celery peers, then DBOS, LangGraph and Restate, one repetition each in turn: this
+    machine's speed drifts by 2x within minutes, and a drift must hit both sides of a ratio alike."""
     one = ["--quick"] if quick else ["--reps", "1"]
-    throughput: list[dict[str, Any]] = []
-    dbos: list[dict[str, Any]] = []
+    kept: dict[str, list[dict[str, Any] | None]] = {name: [] for name in ("throughput", *PEERS)}
     for rep in range(reps):
         rep_folder = folder / f"rep{rep + 1}"
         rep_folder.mkdir()
-        for name, args, kept in (("throughput", [*one, "--no-anatomy"], throughput),
-                                 ("dbos_peer", one, dbos)):
-            result = run_script(name, args, rep_folder)
-            if result is not None:
-                kept.append(result)
-    return {"throughput": merged_throughput(throughput) if throughput else None,
-            "dbos_peer": merged_dbos(dbos) if dbos else None}
+        for name, results in kept.items():
+            args = [*one, "--no-anatomy"] if name == "throughput" else one
+            results.append(run_script(name, args, rep_folder))
+    throughput = [result for result in kept.pop("throughput") if result is not None]
+    merged: dict[str, dict[str, Any] | None] = {
+        "throughput": merged_throughput(throughput) if throughput else None}
+    merged.update({name: merged_peer(results) for name, results in kept.items()})
+    return merged
 
 
 def merged_throughput(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -209,11 +268,24 @@ def merged_throughput(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {"table": list(table.values())}
 
 
-def merged_dbos(results: list[dict[str, Any]]) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
+def merged_peer(results: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """One result from a peer's single-repetition runs (bench/peers.py's shape): every sample, in
+    repetition order, None where that repetition failed; medians over the rest. None when no run
+    left a result; {"error": ...} when none succeeded."""
+    good = [result for result in results if result and "error" not in result]
+    errors = [result["error"] for result in results if result and "error" in result]
+    if not good:
+        return {"error": errors[-1]} if errors else None
+    merged: dict[str, Any] = {"failed_reps": len(results) - len(good)}
+    if merged["failed_reps"]:
+        merged["last_error"] = errors[-1] if errors else "no result (see the run's output)"
     for name in ("linear", "concurrent"):
-        rates = [rate for result in results for rate in result[name]["steps_per_s"]]
-        merged[name] = {"steps_per_s": rates, "median": statistics.median(rates)}
+        rates = [result[name]["steps_per_s"][0] if result and "error" not in result else None
+                 for result in results]
+        spent = [ms for result in good for ms in result[name].get("cpu_ms_per_step", [])]
+        merged[name] = {"steps_per_s": rates, "median": statistics.median(r for r in rates if r is not None)}
+        if spent:
+            merged[name]["cpu_ms_median"] = statistics.median(spent)
     return merged
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 GROUPS = ("driver", "worker", "pool", "postgres", "redis")
@@ -31,10 +31,27 @@ def _processes() -> Iterator[tuple[int, int, str, float]]:
             stat = (entry / "stat").read_text()
         except OSError:  # it exited meanwhile
             continue
-        # The command name is in parentheses and may itself hold spaces or parentheses.
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        yield int(entry.name), int(fields[1]), name, (int(fields[11]) + int(fields[12])) / _TICKS
+        yield int(entry.name), *_parse(stat)
+
+
+def _parse(stat: str) -> tuple[int, str, float]:
+    """(parent pid, command name, CPU seconds of all its threads) from a /proc/<pid>/stat line."""
+    # The command name is in parentheses and may itself hold spaces or parentheses.
+    name = stat[stat.index("(") + 1:stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[1]), name, (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def seconds(pids: Iterable[int]) -> float:
+    """CPU seconds so far of the given processes (a peer's server, its service, the driver);
+    one that is gone or unreadable counts as 0."""
+    total = 0.0
+    for pid in pids:
+        try:
+            total += _parse((_PROC / str(pid) / "stat").read_text())[2]
+        except OSError:
+            continue
+    return total
 
 
 def snapshot(worker_pid: int) -> Snapshot:

@@ -15,20 +15,20 @@ workflow's thread, checkpointing its output to the system database before the ne
 Each process run gets a fresh Postgres database `palbench_dbos_<hex>` on 127.0.0.1 as the DBOS
 system database; DBOS is launched once per run, warmed up with one untimed round of each
 scenario's shape, destroyed at the end, and the database is dropped, also on failure.
+
+CPU per step is the user + system time of this process and of every Postgres process over a
+measurement, divided by its steps (bench/cpu.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import json
-import statistics
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,34 +41,22 @@ if str(REPO) not in sys.path:
 
 from dbos import DBOS, DBOSConfig, WorkflowHandle  # noqa: E402
 
+from bench.peers import (  # noqa: E402
+    Samples,
+    Scenario,
+    finish,
+    in_process_cpu,
+    in_process_ms,
+    log,
+    scenarios,
+    warm_ups,
+)
 from bench.throughput import bench_arguments, cleanup_on_signals  # noqa: E402
 
 ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 SYSDB_URL = "postgresql://postgres@127.0.0.1:5432/{database}"  # DBOS swaps in its own driver (psycopg 3)
 APP_NAME = "palbench-dbos"
 WAIT_TIMEOUT = 300.0  # seconds one scenario's workflows may take before the measurement is abandoned
-WARM_STEPS = 10  # steps per workflow in the untimed warm-up round
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    workflows: int
-    steps: int  # steps per workflow
-
-    @property
-    def total(self) -> int:
-        return self.workflows * self.steps
-
-
-def scenarios(quick: bool) -> list[Scenario]:
-    if quick:
-        return [Scenario("linear", 1, 50), Scenario("concurrent", 5, 20)]
-    return [Scenario("linear", 1, 300), Scenario("concurrent", 20, 100)]
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------ workflows
@@ -164,26 +152,18 @@ def await_results(handles: list[WorkflowHandle[int]], timeout: float) -> tuple[l
     return results, finished[0]
 
 
-def run_scenario(scenario: Scenario, timeout: float = WAIT_TIMEOUT) -> float:
-    """Run `scenario` once; its steps per second."""
+def run_scenario(scenario: Scenario, timeout: float = WAIT_TIMEOUT) -> tuple[float, float]:
+    """Run `scenario` once; its steps per second and CPU milliseconds per step (this process and
+    Postgres)."""
+    before = in_process_cpu()
     t0 = time.perf_counter()
     # start_workflow records the workflow row, then hands it to DBOS's thread pool and returns.
     handles = [DBOS.start_workflow(chain, scenario.steps) for _ in range(scenario.workflows)]
     results, t1 = await_results(handles, timeout)
+    spent = in_process_ms(before, scenario.total)
     if results != [scenario.steps] * scenario.workflows:
         raise RuntimeError(f"{scenario.name}: workflows returned {results}, expected {scenario.steps} each")
-    return scenario.total / (t1 - t0)
-
-
-def warm_up(plan: list[Scenario]) -> None:
-    """One untimed round of each shape: executor threads, pooled connections, first-use code paths."""
-    for scenario in plan:
-        run_scenario(Scenario(f"warm-up {scenario.name}", scenario.workflows, WARM_STEPS))
-
-
-def summarize(scenario: Scenario, rates: list[float]) -> dict[str, Any]:
-    return {"workflows": scenario.workflows, "steps": scenario.total, "steps_per_s": rates,
-            "median": statistics.median(rates)}
+    return scenario.total / (t1 - t0), spent
 
 
 def measure(reps: int, quick: bool) -> dict[str, Any]:
@@ -195,43 +175,25 @@ def measure(reps: int, quick: bool) -> dict[str, Any]:
     DBOS is a process-wide singleton: call this while no other DBOS instance exists.
     """
     plan = scenarios(quick)
-    rates: dict[str, list[float]] = {s.name: [] for s in plan}
+    samples = Samples(plan, reps)
     with fresh_database() as database, launched_dbos(database):
-        warm_up(plan)
+        for scenario in warm_ups(plan):
+            run_scenario(scenario)
         for rep in range(1, reps + 1):
             for scenario in plan:
-                rate = run_scenario(scenario)
-                rates[scenario.name].append(rate)
-                label = f"{scenario.name} ({scenario.workflows}x{scenario.steps})"
-                log(f"rep {rep}/{reps} {label:<22} {scenario.total:5d} steps "
-                    f"{scenario.total / rate:7.2f}s {rate:8.1f} steps/s")
-    result: dict[str, Any] = {"dbos_version": importlib.metadata.version("dbos")}
-    result.update({s.name: summarize(s, rates[s.name]) for s in plan})
-    return result
+                samples.add(rep, scenario, *run_scenario(scenario))
+    return samples.result({"dbos_version": importlib.metadata.version("dbos")})
 
 
 # ------------------------------------------------------------------------------------- main
-
-
-def print_table(result: dict[str, Any], reps: int) -> None:
-    print(f"DBOS {result['dbos_version']}, system database on 127.0.0.1, reps {reps}, medians")
-    header = f"{'scenario':<22} {'steps':>6} {'DBOS steps/s':>12}  per rep"
-    print(header)
-    print("-" * len(header))
-    for name in ("linear", "concurrent"):
-        row = result[name]
-        label = f"{name} ({row['workflows']}x{row['steps'] // row['workflows']})"
-        samples = " ".join(f"{r:.1f}" for r in row["steps_per_s"])
-        print(f"{label:<22} {row['steps']:>6} {row['median']:12.1f}  {samples}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args, reps = bench_arguments(__doc__, "small workflows", None, argv)
     with cleanup_on_signals():
         result = measure(reps, args.quick)
-    print_table(result, reps)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    finish(result, f"DBOS {result['dbos_version']}, system database on 127.0.0.1, reps {reps}, medians",
+           "DBOS", args.json)
     return 0
 
 
