@@ -76,8 +76,9 @@ def test_a_failed_steps_error_and_traceback_in_the_step_panel(api: Api, tmp_path
         expect(page.locator("#panel-node")).to_contain_text('"tool": "explode"')  # what it was given
         expect(page.locator("#panel-attempts tr")).to_have_count(2)  # header + one attempt
         error = next(e for e in api.client.events("failing-1") if e.kind == "step_failed").payload["error"]
-        if error.get("traceback"):  # journaled by the failure payload (issue 23): shown in a <pre>
-            expect(page.locator("#panel-traceback")).to_contain_text("RuntimeError")
+        assert "RuntimeError" in error["traceback"]  # journaled by the failure payload, shown in a <pre>
+        expect(page.locator("#panel-traceback")).to_contain_text("RuntimeError")
+        expect(page.locator("#panel-traceback")).to_contain_text("in explode")
         expect(page.locator('#dag g[data-node="charge"]')).to_have_class("dag-node state-failed")
         expect(page.locator('#dag g[data-node="notify"]')).to_have_class("dag-node state-not-reached")
         assert page.locator("#panel img").count() == 0 and page.locator("#panel script").count() == 0

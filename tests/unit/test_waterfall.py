@@ -171,3 +171,16 @@ def test_an_approved_budget_pause_runs_on_in_a_second_bar_of_the_same_attempt() 
     assert [(b["outcome"], b["resumed"], b["started_at"], b["ended_at"]) for b in row["bars"]] == [
         ("waiting", False, 0.1, 0.2), ("completed", True, 2.0, 2.5)]
     assert row["wait_s"] == 1.8 and row["run_s"] == 0.6
+
+
+def test_a_forks_reused_steps_are_rows_without_bars_naming_their_source() -> None:
+    reused = {"run_id": "src", "seq": 4, "attempt": 1, "origin_run_id": "src"}
+    events = journal((0.0, "run_queued", None, {}, None),
+                     (0.0, "run_forked", None, {"source_run_id": "src", "from_step": "b"}, None),
+                     (0.0, "step_completed", "start", {"output": 1, "reused_from": reused}, None),
+                     (0.0, "step_completed", "a", {"output": 2, "reused_from": reused | {"seq": 6}}, None),
+                     (0.2, "step_started", "b", {}, 1), (0.5, "step_completed", "b", {"output": 3}, 1))
+    rows = waterfall(run("succeeded", 0.5), events, at(1), plan_nodes=["start", "a", "b"])["rows"]
+    assert [(r["step_id"], r["status"], len(r["bars"])) for r in rows] == [
+        ("start", "reused", 0), ("a", "reused", 0), ("b", "completed", 1)]  # in journal order
+    assert rows[1]["reused_from"]["seq"] == 6 and rows[1]["run_s"] == 0 and rows[1]["attempts"] == 0

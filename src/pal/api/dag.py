@@ -17,7 +17,7 @@ from pal.plan.interpreter import GraphProgram, Program, progress
 X_STEP, Y_STEP, NODE_W, NODE_H = 190, 64, 150, 40
 # What a row's status means for its node's colour; a node with no row has not been reached.
 _STATE = {"completed": "completed", "failed": "failed", "waiting": "waiting", "skipped": "skipped",
-          "running": "running", "retrying": "running", "recovering": "running"}
+          "running": "running", "retrying": "running", "recovering": "running", "reused": "reused"}
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from pal.api import csrf
 from pal.api.auth import COOKIE, tenant_of
 from pal.api.deps import Rt
+from pal.core.records import RunRecord
 from pal.core.run_filters import MAX_OFFSET, run_filter
 from pal.core.vocabulary import ALL_STATUSES
 from pal.errors import RunNotFound
@@ -157,4 +158,13 @@ def run_page(run_id: str, request: Request, rt: Rt) -> Response:
         run = rt.journal.get_run(run_id, tenant_id=who[0])
     except RunNotFound:
         return _page("missing.html", 404, tenant=who[0], csrf=who[1], run_id=run_id)
-    return _page("run.html", tenant=who[0], csrf=who[1], run=run, receipts=bool(rt.settings.signing_key))
+    return _page("run.html", tenant=who[0], csrf=who[1], run=run, receipts=bool(rt.settings.signing_key),
+                 derived=rt.journal.derived_runs(run.id), fork_steps=_fork_steps(run))
+
+
+def _fork_steps(run: RunRecord) -> list[str]:
+    """The node ids a fork of `run` may start from (docs/retry-and-fork.md): a top-level graph
+    run's nodes; none for a child run, a plain-LLM or a microVM run, which are not forked."""
+    if run.kind != "graph" or run.parent_run_id is not None or not isinstance(run.graph, dict):
+        return []
+    return [str(node.get("id")) for node in run.graph.get("nodes", []) if isinstance(node, dict)]

@@ -31,7 +31,7 @@ ANOMALIES = ("step_failed", "step_in_doubt", "anomaly_detected")
 @dataclass
 class StepRow:
     step_id: str
-    status: str = "running"  # running | completed | failed | waiting | retrying | recovering | skipped
+    status: str = "running"  # running completed failed waiting retrying recovering skipped reused
     ready_at: float | None = None  # seconds from the run's creation
     started_at: float | None = None
     ended_at: float | None = None
@@ -55,6 +55,7 @@ class StepRow:
     recoveries: list[float] = field(default_factory=list)  # run_recovered times that re-drove it
     skip_reason: str | None = None  # "branch not taken" | "not reached"
     approval: dict[str, Any] | None = None  # prompt, show, approval_hash, decision, by, comment
+    reused_from: dict[str, Any] | None = None  # a retry's or fork's copied output (docs/retry-and-fork.md)
 
 
 def _at(created: datetime, when: datetime) -> float:
@@ -92,6 +93,10 @@ def waterfall(run: RunRecord, events: Sequence[Event], now: datetime, *, plan_no
                 _open_bar(row, event, t)
             elif row is not None:
                 _apply(row, event, t)
+            elif event.kind == "step_completed" and event.payload.get("reused_from"):
+                # copied from the source run when this run was made: it never ran here, so no bar
+                rows[step] = StepRow(step_id=step, status="reused", ready_at=t, started_at=t, ended_at=t,
+                                     attempts=0, reused_from=dict(event.payload["reused_from"]))
         alive[event.generation] = t
         if event.kind in _DISPATCHING:
             last_dispatch = t
@@ -102,7 +107,9 @@ def waterfall(run: RunRecord, events: Sequence[Event], now: datetime, *, plan_no
         row.run_s = round(sum((b["ended_at"] if b["ended_at"] is not None else end) - b["started_at"]
                               for b in row.bars), 4)
         row.wait_s = round(sum((w["to"] if w["to"] is not None else end) - w["from"] for w in row.waits), 4)
-    ordered = sorted(rows.values(), key=lambda r: (r.started_at or 0.0, r.step_id))
+    # dicts keep insertion order: a tie (a fork's reused steps, all at its creation) stays in journal order
+    first_seen = {step: index for index, step in enumerate(rows)}
+    ordered = sorted(rows.values(), key=lambda r: (r.started_at or 0.0, first_seen[r.step_id]))
     ordered += _unrun(rows, plan_nodes, skipped, finished=run.terminal)
     _mark_rows(ordered, markers)
     return {"run": run.as_dict() | {"graph_name": run.graph_name}, "duration_s": end,

@@ -23,7 +23,7 @@ function tick(cls, at, scale, title) {
 
 function lane(row, end, scale) {
   const box = el("div", {class: "lane" + (row.status === "skipped" ? " skipped" : "")});
-  if (row.status === "skipped") return box;
+  if (row.status === "skipped" || row.status === "reused") return box;  // neither ran in this run
   box.append(bar("queue", row.ready_at || 0, row.queue_s, scale, `queued ${row.queue_s.toFixed(3)}s`));
   for (const d of row.dead) {
     box.append(bar("dead", d.from, d.to - d.from, scale,
@@ -58,6 +58,7 @@ function render(runId, data) {
   status.className = "status " + run.status;
   const receipt = document.getElementById("receipt");  // present when receipts are on
   if (receipt) receipt.hidden = !["succeeded", "failed", "cancelled"].includes(run.status);
+  showLineageActions(run.status);
   const ran = data.rows.filter(r => r.status !== "skipped").length;
   document.getElementById("summary").textContent =
     `${ran} steps, ${data.rows.length - ran} skipped, ${data.duration_s.toFixed(2)}s, ` +
@@ -68,11 +69,12 @@ function render(runId, data) {
     const tr = el("tr", {"data-step": row.step_id, class: "step-row" + (row.status === "skipped" ? " skipped" : "")});
     tr.append(el("td", {class: "step-name"}, stepLabel(row)));
     tr.append(el("td", {class: "status " + row.status},
-                 row.status === "skipped" ? `skipped (${row.skip_reason})` : row.status));
+                 row.status === "skipped" ? `skipped (${row.skip_reason})`
+                   : row.reused_from ? `reused from ${row.reused_from.run_id}` : row.status));
     const timeline = el("td", {});
     timeline.append(lane(row, data.duration_s, scale));
     tr.append(timeline);
-    const skipped = row.status === "skipped";
+    const skipped = row.status === "skipped" || row.status === "reused";  // neither ran in this run
     tr.append(el("td", {}, skipped ? "" : row.queue_s.toFixed(3) + "s"));
     tr.append(el("td", {}, skipped ? "" : row.run_s.toFixed(3) + "s"));
     tr.append(el("td", {}, row.wait_s ? row.wait_s.toFixed(3) + "s" + (row.waiting_for ? ` (${row.waiting_for})` : "") : ""));
