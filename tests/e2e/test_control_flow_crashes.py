@@ -50,7 +50,8 @@ def test_an_approval_and_a_budget_pause_survive_workers_redis_and_postgres_resta
         procs.worker("w2")
         procs.beat()
         listed = procs.cli("runs", "approvals", run_id)
-        assert listed.returncode == 0 and f"{run_id} gate: \"Refund 12 to acme?\"" in listed.stdout
+        assert listed.returncode == 0 and f"run {run_id} step gate waits for a decision" in listed.stdout
+        assert "prompt: Refund 12 to acme?" in listed.stdout
         approved = procs.cli("runs", "approve", run_id, "gate", "--comment", "after the storm", "--by", "ada")
         assert approved.returncode == 0, approved.stderr
         assert "approved; dispatched: pay" in approved.stdout
@@ -61,7 +62,7 @@ def test_an_approval_and_a_budget_pause_survive_workers_redis_and_postgres_resta
         again = procs.cli("runs", "approve", run_id, "gate")
         assert again.returncode == 6 and "nothing waits there" in again.stderr
         listed = procs.cli("runs", "approvals", paused_id)
-        assert listed.returncode == 0 and f"{paused_id} s1: " in listed.stdout and "[budget]" in listed.stdout
+        assert listed.returncode == 0 and f"run {paused_id} step s1 waits for a decision  [budget]" in listed.stdout
         assert len(spent.read_text().splitlines()) == 1  # s0 only
         resumed = procs.cli("runs", "approve", paused_id, "s1", "--by", "ada")
         assert resumed.returncode == 0 and "approved; dispatched: s1" in resumed.stdout, resumed.stderr
