@@ -259,9 +259,9 @@ def measure_pal(infra: Infra, scenario: Scenario, tmp: Path, extra_env: dict[str
     with bench_schema(infra, "pal", tmp) as (schema, settings, env):
         env = env | (extra_env or {})
         log = tmp / schema / "worker.log"
+        pool = os.environ.get("BENCH_PAL_WORKER_ARGS", f"--concurrency {CONCURRENCY}").split()
         worker = start_process(
-            [sys.executable, "-m", "pal.cli", "worker", "--concurrency", str(CONCURRENCY),
-             "--loglevel", "WARNING"], env, log)
+            [sys.executable, "-m", "pal.cli", "worker", *pool, "--loglevel", "WARNING"], env, log)
         client = Client(settings)
         try:
             return _timed_runs(client, scenario, log, worker.pid)
