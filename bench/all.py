@@ -15,6 +15,7 @@ Runs, one after the other on the local Postgres and Redis (127.0.0.1 only), each
   bench/recovery.py    recovery latency after SIGKILL
   bench/sse.py         SSE latency against clients polling the journal
   bench/traces.py      PAL with tracing off and exporting OTLP to a local collector, in turn
+  bench/handoff.py     hand-off latency p50/p99 (linear, concurrent) and a 200-branch fan-out
 Ratios are PAL / peer, both measured in this run; medians over --reps repetitions.
 """
 
@@ -215,6 +216,15 @@ def trace_lines(traces: dict[str, Any] | None) -> list[str]:
         if lines else []
 
 
+def handoff_lines(handoff: dict[str, Any] | None) -> list[str]:
+    """Hand-off latency (a step_completed to its successor's step_started) and the fan-out."""
+    rows = [f"| {row['scenario']} | {_num(row['steps_per_s'])} | {_num(row['p50_ms'], '.2f')} "
+            f"| {_num(row['p99_ms'], '.2f')} |" for row in (handoff or {}).get("table", [])]
+    return ["Hand-off, from a step's `step_completed` to its successor's `step_started` (bench/handoff.py):",
+            "", "| scenario | steps/s | hand-off p50 ms | p99 ms |", "|---|---:|---:|---:|", *rows] \
+        if rows else []
+
+
 def report(results: dict[str, dict[str, Any] | None], reps: int, quick: bool) -> str:
     """The markdown block written into docs/benchmarks.md."""
     sized = " (--quick sizes)" if quick else ""
@@ -227,7 +237,8 @@ def report(results: dict[str, dict[str, Any] | None], reps: int, quick: bool) ->
              *cpu_total_rows(results.get("throughput"), peers), "",
              *cpu_rows(results.get("throughput")), "",
              *measure_rows(*(results.get(k) or {} for k in ("scale", "recovery", "sse"))), "",
-             *trace_lines(results.get("traces"))]
+             *trace_lines(results.get("traces")), "",
+             *handoff_lines(results.get("handoff"))]
     failed = [name for name, value in results.items() if value is None or "error" in value]
     if failed:
         lines += ["", f"Did not produce results in this run: {', '.join(failed)} (see the run's output)."]
@@ -311,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     sized = ["--quick"] if args.quick else ["--reps", str(reps)]
     plan: list[tuple[str, list[str]]] = [
         ("scale", sized), ("recovery", ["--kills", "5" if args.quick else "20"]),
-        ("sse", ["--subscribers", "20" if args.quick else "100"]), ("traces", sized),
+        ("sse", ["--subscribers", "20" if args.quick else "100"]), ("traces", sized), ("handoff", sized),
     ]
     with tempfile.TemporaryDirectory(prefix="palbench-all-") as folder:
         results = interleaved(reps, args.quick, Path(folder))

@@ -301,6 +301,7 @@ def test_local_handoff_equals_the_whole_walk(run: tuple[Graph, dict[str, str]], 
         completed[step_id] = chose(branches[step_id]) if step_id in branches else {"of": step_id}
         result = interpreter.handoff(graph, completed, step_id)
         assert result.dispatch == whole_walk_handoff(graph, completed, step_id)
+        assert result.finished == interpreter.progress(graph, completed).finished  # the local answer too
         in_flight.extend(result.dispatch)
 
 

@@ -237,10 +237,14 @@ class GraphProgram:
         """Only steps that became ready because of this completion are dispatched (see `handoff`)."""
         if step_id in self.graph.nodes:
             try:
-                became_ready = self._became_ready(completed, step_id)
+                became_ready, pending = self._became_ready(completed, step_id)
             except WalkTooFar:
-                became_ready = []
-            if became_ready:  # then the run is not over: no need to walk the whole graph
+                became_ready, pending = [], False
+            # Either way the run is not over, so there is no need to walk the whole graph: a
+            # successor became ready, or one still waits for another branch (a join: each of a
+            # fan-out's branches but the last ends here, or their hand-offs would cost the graph's
+            # size each, the whole fan-out its square).
+            if became_ready or pending:
                 return Handoff(dispatch=self._expand(became_ready, completed), finished=False)
         after = progress(self.graph, completed)
         if after.finished:
@@ -249,8 +253,9 @@ class GraphProgram:
         return Handoff(dispatch=tuple(s for s in self.frontier(completed, after) if s not in before),
                        finished=False)
 
-    def _became_ready(self, completed: Mapping[str, Any], step_id: str) -> list[str]:
-        """The graph nodes that the completion of `step_id` made ready, in graph order.
+    def _became_ready(self, completed: Mapping[str, Any], step_id: str) -> tuple[list[str], bool]:
+        """The graph nodes that the completion of `step_id` made ready, in graph order, and
+        whether one of the nodes looked at is still pending (then the run is not finished).
 
         Only nodes downstream of it can change state: its successors, and theirs through nodes
         it made skipped. Each is classified by the same rules as `progress`, looking upstream only
@@ -258,6 +263,7 @@ class GraphProgram:
         not of the graph."""
         states: dict[str, NodeState] = {}
         found: set[str] = set()
+        pending = False
         through = [step_id]
         while through:
             for edge in self.graph.outgoing[through.pop()]:
@@ -266,7 +272,9 @@ class GraphProgram:
                     found.add(edge.target)
                 elif state is NodeState.SKIPPED:
                     through.append(edge.target)
-        return sorted(found, key=self._position.__getitem__)
+                elif state is NodeState.PENDING:
+                    pending = True
+        return sorted(found, key=self._position.__getitem__), pending
 
     @cached_property
     def _position(self) -> Mapping[str, int]:

@@ -165,22 +165,24 @@ class Primitives(StoreBase):
         """Undecided parked steps of the run: {step_id, attempt, payload, created_at}. A wait ends
         with the step's completion or failure, or with a decision (an approved budget pause runs
         the step afterwards, which may park again: an approval node past its budget)."""
-        rows = conn.execute(
-            sa.select(journal_events.c.step_id, journal_events.c.attempt, journal_events.c.kind,
-                      journal_events.c.payload, journal_events.c.created_at)
-            .where(journal_events.c.run_id == run_id,
-                   journal_events.c.kind.in_((EventKind.STEP_WAITING, EventKind.STEP_COMPLETED,
-                                              EventKind.STEP_FAILED, EventKind.APPROVAL_DECIDED)))
-            .order_by(journal_events.c.seq)
-        ).all()
-        pending: dict[str, dict[str, Any]] = {}
-        for r in rows:
-            if r.kind == EventKind.STEP_WAITING:
-                pending[r.step_id] = {"step_id": r.step_id, "attempt": r.attempt, "payload": r.payload,
-                                      "created_at": r.created_at}
-            else:
-                pending.pop(r.step_id, None)
-        return list(pending.values())
+        je = journal_events
+        # The waits first: most runs never park, and a join's every completion asks this (reading
+        # every completion's output here made a fan-out's cost its square, bench/handoff.py).
+        waits = conn.execute(
+            sa.select(je.c.seq, je.c.step_id, je.c.attempt, je.c.payload, je.c.created_at)
+            .where(je.c.run_id == run_id, je.c.kind == EventKind.STEP_WAITING).order_by(je.c.seq)).all()
+        if not waits:
+            return []
+        latest = {w.step_id: w for w in waits}  # a step that parked again: its last wait counts
+        closed = conn.execute(
+            sa.select(je.c.step_id, sa.func.max(je.c.seq))
+            .where(je.c.run_id == run_id, je.c.step_id.in_(latest), je.c.kind.in_(
+                (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED, EventKind.APPROVAL_DECIDED)))
+            .group_by(je.c.step_id)).all()
+        last_closed = {step_id: seq for step_id, seq in closed}
+        return [{"step_id": w.step_id, "attempt": w.attempt, "payload": w.payload, "created_at": w.created_at}
+                for w in sorted(latest.values(), key=lambda w: w.seq)
+                if last_closed.get(w.step_id, 0) < w.seq]
 
     def _park_if_idle(self, conn: sa.Connection, run_id: str, generation: int, now: datetime,
                       frontier: Frontier | None) -> bool:
