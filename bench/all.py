@@ -195,6 +195,10 @@ def measure_rows(scale: dict[str, Any], recovery: dict[str, Any], sse: dict[str,
             f"| the same pass with no orphan to re-drive | {_num(scale.get('sweep_idle_pass_ms'))} ms "
             f"| < 50 ms: {_below(scale.get('sweep_idle_pass_ms'), 50)} |",
             f"| orphan query alone | {_num(scale.get('sweep_query_ms'))} ms | |",
+            f"| the hot path: a 300-node linear run beside those runs' "
+            f"{_num(scale.get('journal_events'), ',')} journal events "
+            f"| {_num(scale.get('hot_path_big_steps_per_s'))} steps/s, "
+            f"{_num(scale.get('hot_path_big_over_empty'), '.2f')}x an empty schema's (paired) | flat |",
             f"| replay (re-drive) of a {_num(scale.get('replay_steps'), ',')}-step run | {_num(replay)} ms "
             f"| < 1000 ms: {_below(replay, 1000)} |",
             f"| next step after that replay | {_num(scale.get('replay_next_step_ms'))} ms | |",
