@@ -53,7 +53,10 @@ def parse_cutoff(text: str, now: datetime) -> datetime:
     text = text.strip()
     ago = _AGO.fullmatch(text)
     if ago is not None:
-        return now - int(ago.group(1)) * _UNIT[ago.group(2)]
+        try:
+            return now - int(ago.group(1)) * _UNIT[ago.group(2)]
+        except OverflowError:  # before year 1
+            raise InputError(f"--finished-before {text!r} is before year 1; use {CUTOFF_FORMS}") from None
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
