@@ -48,7 +48,7 @@ def say(message: str) -> None:
 def fill(engine: sa.Engine, rt: Runtime, outbox: Outbox, count: int) -> int:
     """`count` finished runs cloned from one PAL wrote; the events per run."""
     template = run_template(rt, outbox, linear_graph(3), None)
-    every = "INTERVAL '1 day' + INTERVAL '1 second' * i"  # finished over the past days
+    every = "(INTERVAL '1 day' + INTERVAL '1 second' * i)"  # finished over the past days
     new_id = "'old_' || md5('old-' || i)"
     with interruptible(), engine.begin() as conn:
         per_run = conn.execute(sa.select(sa.func.count()).select_from(journal_events)
