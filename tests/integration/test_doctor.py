@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from pal.client import Client
 from pal.core.clock import utcnow
 from pal.engine.steps import execute_step
-from pal.storage.schema import journal_events, run_locks, runs, side_effect_receipts
+from pal.storage.schema import journal_events, pruned_runs, run_locks, runs, side_effect_receipts
 from tests.conftest import Backend
 from tests.support.graphs import linear
 
@@ -60,6 +60,8 @@ PLANTS: dict[str, Callable[[sa.Connection, str], None]] = {
     "started_after_budget_stop": lambda c, r: [
         c.execute(event(r, "step_failed", "s1", 1, {"error": {"code": "budget_exceeded"}})),
         c.execute(event(r, "step_started", "s9", 1, {"attempt": 1}))],
+    "pruned_run_present": lambda c, r: c.execute(pruned_runs.insert().values(  # docs/retention.md
+        run_id=r, tenant_id="t", status="succeeded", finished_at=utcnow(), pruned_at=utcnow())),
 }
 
 

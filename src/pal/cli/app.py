@@ -3,6 +3,7 @@
     pal db upgrade|grant, pal doctor          pal.cli.db
     pal run, pal runs ..., pal anomalies      pal.cli.runs
     pal runs retry|fork                       pal.cli.lineage
+    pal runs prune                            pal.cli.prune
     pal runs approve|reject|approvals, pal approvals   pal.cli.approvals
     pal tokens ...                            pal.cli.tokens
     pal receipts ...                          pal.cli.receipts
@@ -20,7 +21,7 @@ from typing import Annotated
 
 import typer
 
-from pal.cli import approvals, db, demo, lineage, receipts, runs, servers, tokens
+from pal.cli import approvals, db, demo, lineage, prune, receipts, runs, servers, tokens
 from pal.cli.common import exit_code
 from pal.errors import PalError
 
@@ -48,6 +49,7 @@ def root(
 app.add_typer(db.db_app, name="db")
 runs.runs_app.command("retry")(lineage.runs_retry)
 runs.runs_app.command("fork")(lineage.runs_fork)
+runs.runs_app.command("prune")(prune.runs_prune)
 app.add_typer(runs.runs_app, name="runs")
 app.add_typer(tokens.tokens_app, name="tokens")
 app.add_typer(receipts.receipts_app, name="receipts")

@@ -12,7 +12,7 @@ from pal.config import Settings
 from pal.core import dsse
 from pal.core.run_receipt import ReceiptInvalid, Verified, check_chain, event_fields, issue
 from pal.core.vocabulary import TERMINAL_STATUSES
-from pal.errors import ConfigError, ReceiptsOff, Refused
+from pal.errors import ConfigError, ReceiptsOff, Refused, RunNotFound
 from pal.storage.journal import Journal
 
 RECEIPTS_OFF = "receipts are off: set PAL_SIGNING_KEY (`pal receipts keygen` makes one)"
@@ -45,12 +45,26 @@ def trusted_keys(settings: Settings) -> list[dsse.TrustedKey]:
 
 def issue_receipt(journal: Journal, settings: Settings, run_id: str, tenant_id: str | None = None) -> bytes:
     """The receipt bundle of a finished run (of `tenant_id`'s runs, when given): RunNotFound,
-    Refused while the run is in flight, ReceiptsOff."""
+    Refused while the run is in flight, ReceiptsOff. A run pruned with --keep-receipts answers
+    the bundle kept when it was deleted, signing key or not (docs/retention.md)."""
+    try:
+        run = journal.get_run(run_id, tenant_id=tenant_id)
+    except RunNotFound:
+        return _kept(journal, run_id, tenant_id)
     key = signing_key(settings)
-    run = journal.get_run(run_id, tenant_id=tenant_id)
     if run.status not in TERMINAL_STATUSES:
         raise Refused(f"run {run_id} is {run.status}: its receipt is issued once it has finished")
-    return issue(run, journal.events(run_id), key)
+    events = journal.events(run_id)
+    if not events:  # pruned between the two reads: a finished run's journal goes all at once
+        return _kept(journal, run_id, tenant_id)
+    return issue(run, events, key)
+
+
+def _kept(journal: Journal, run_id: str, tenant_id: str | None) -> bytes:
+    kept = journal.pruned_receipt(run_id, tenant_id=tenant_id)
+    if kept is None:
+        raise RunNotFound(f"no run {run_id!r}")
+    return kept
 
 
 def check_live(journal: Journal, verified: Verified) -> None:

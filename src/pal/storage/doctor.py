@@ -20,7 +20,7 @@ from pal.core.vocabulary import (
     EventKind,
 )
 from pal.storage.base import StoreBase
-from pal.storage.schema import journal_events, run_locks, runs, side_effect_receipts
+from pal.storage.schema import journal_events, pruned_runs, run_locks, runs, side_effect_receipts
 
 
 class ReadyCheck(Protocol):
@@ -41,7 +41,8 @@ class Doctor(StoreBase):
         ready-order check runs only when the journal was given the planner (`program_of`)."""
         checks = [self._twice, self._terminal_leases, self._status_vs_journal, self._unstarted,
                   self._started_again, self._orphan_receipts, self._totals, self._seq_order,
-                  self._anomalies_twice, self._started_past_budget, self._reused_out_of_place]
+                  self._anomalies_twice, self._started_past_budget, self._reused_out_of_place,
+                  self._pruned_but_present]
         if self._program_of is not None:
             checks.append(self._out_of_order)
         with self._tx() as conn:
@@ -106,6 +107,12 @@ class Doctor(StoreBase):
                     found.append(Violation("reused_out_of_place", run_id, event.step_id,
                                            f"reused step_completed (seq {event.seq}) {where}"))
         return found
+
+    def _pruned_but_present(self, conn: sa.Connection) -> list[Violation]:
+        """A pruned run's id is never a run again (docs/retention.md)."""
+        rows = conn.execute(sa.select(runs.c.id).join(pruned_runs, pruned_runs.c.run_id == runs.c.id))
+        return [Violation("pruned_run_present", r.id, None, "the run was pruned, yet a run holds its id")
+                for r in rows]
 
     def _started_again(self, conn: sa.Connection) -> list[Violation]:
         """A step started after it completed: a replay or a claim ran a finished step again."""

@@ -4,6 +4,7 @@
     WaitStore      park and resume steps; wake-up timers               pal.storage.waits
     RunStore       create and cancel runs; runs, events and leases     pal.storage.runs
     LineageStore   retried and forked runs; runs derived from a run    pal.storage.lineage
+    RetentionStore prune finished run families; pruned ids, receipts  pal.storage.retention
     RecoveryStore  steal leases, redeliver, find orphans               pal.storage.recovery
     ReceiptStore   side-effect receipts                                pal.storage.receipts
     TokenStore     API tokens and the doorbell key                     pal.storage.tokens
@@ -30,6 +31,7 @@ from pal.storage.doctor import Doctor, ProgramOf
 from pal.storage.lineage import LineageStore
 from pal.storage.receipts import ReceiptStore
 from pal.storage.recovery import RecoveryStore
+from pal.storage.retention import RetentionStore
 from pal.storage.runs import RunStore
 from pal.storage.steps import StepStore
 from pal.storage.tokens import TokenStore
@@ -37,8 +39,8 @@ from pal.storage.vms import VmStore
 from pal.storage.waits import WaitStore
 
 
-class Journal(StepStore, WaitStore, LineageStore, RunStore, RecoveryStore, ReceiptStore, AnomalyStore,
-              ConfidenceStore, BaselineStore, VmStore, TokenStore, Doctor):
+class Journal(StepStore, WaitStore, LineageStore, RetentionStore, RunStore, RecoveryStore, ReceiptStore,
+              AnomalyStore, ConfidenceStore, BaselineStore, VmStore, TokenStore, Doctor):
     """Named operations on the journal database. Time is always passed in (`now`, or a Fence)."""
 
     def __init__(self, engine: Engine, program_of: ProgramOf | None = None) -> None:

@@ -59,6 +59,10 @@ class LineageStore(RunStore):
         transaction: RunNotFound (another tenant's source too), Refused (the source's status, a
         run id in use, nothing left to run), QuotaExceeded; nothing is written on any of them."""
         with self._tx() as conn:
+            # A share lock on the source (Postgres): a prune deleting it either commits first (this
+            # then finds no run) or passes it over, so the source is read whole (docs/retention.md).
+            conn.execute(sa.select(runs.c.id).where(runs.c.id == request.source_run_id)
+                         .with_for_update(read=True, key_share=True))
             source = self._run(conn, request.source_run_id)
             if request.tenant_id is not None and source.tenant_id != request.tenant_id:
                 raise RunNotFound(f"no run {request.source_run_id!r}")
@@ -82,6 +86,7 @@ class LineageStore(RunStore):
             ).on_conflict_do_nothing().returning(runs.c.id)).first()
             if inserted is None:  # a concurrent request took the id first
                 return Derived(self._same_derived(conn, request, source), False, (), ())
+            self._refuse_pruned(conn, request.run_id)
             self._write_journal(conn, request, source, reused, now)
             # Decided after the writes, from the outputs as written: a refusal here rolls them back.
             dispatch = tuple(frontier(source, self._completed(conn, request.run_id)))

@@ -15,7 +15,7 @@ from pal.core.vocabulary import IN_FLIGHT_STATUSES, EventKind, LockHolder, RunSt
 from pal.errors import QuotaExceeded, Refused, RunIdReused, RunIdTaken, RunNotFound
 from pal.storage.base import run_record
 from pal.storage.primitives import Primitives
-from pal.storage.schema import journal_events, run_locks, runs
+from pal.storage.schema import journal_events, pruned_runs, run_locks, runs
 
 
 class RunStore(Primitives):
@@ -68,6 +68,7 @@ class RunStore(Primitives):
                     raise RunIdReused(f"run id {run_id!r} is already a run of another graph or input; "
                                       "use a new id (or omit it) for new work")
             else:
+                self._refuse_pruned(conn, run_id)
                 queued: dict[str, Any] = {"graph_hash": graph_hash}
                 if traceparent is not None:
                     queued["traceparent"] = traceparent
@@ -79,6 +80,16 @@ class RunStore(Primitives):
                     expires_at=now + timedelta(seconds=lease_ttl), generation=1))
             record = self._run(conn, run_id)
         return record, inserted is not None
+
+    @staticmethod
+    def _refuse_pruned(conn: sa.Connection, run_id: str) -> None:
+        """RunIdTaken for the id of a pruned run, decided after the insert, in its transaction: a
+        run started again under that id would run and deliver again under the same idempotency
+        keys, whose receipts were pruned with it (docs/retention.md)."""
+        pruned = sa.select(pruned_runs.c.run_id).where(pruned_runs.c.run_id == run_id)
+        if conn.execute(pruned).first() is not None:
+            raise RunIdTaken(f"run id {run_id!r} is not available; choose another, or omit it "
+                             "for a generated one")
 
     @staticmethod
     def _check_quota(conn: sa.Connection, tenant_id: str, max_in_flight: int) -> None:

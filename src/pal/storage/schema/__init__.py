@@ -104,6 +104,23 @@ sa.Index(
     sqlite_where=runs.c.status.in_(IN_FLIGHT_STATUSES),
 )
 
+# Retention (migration 0016, docs/retention.md): `pal runs prune` walks finished top-level runs
+# oldest first, and a run's family by parent; both lookups stay off the step path's hot updates
+# (finished_at changes once, with status, which ix_runs_in_flight already indexes).
+sa.Index(
+    "ix_runs_finished",
+    runs.c.finished_at,
+    runs.c.id,
+    postgresql_where=sa.and_(runs.c.parent_run_id.is_(None), runs.c.finished_at.is_not(None)),
+    sqlite_where=sa.and_(runs.c.parent_run_id.is_(None), runs.c.finished_at.is_not(None)),
+)
+sa.Index(
+    "ix_runs_parent_run_id",
+    runs.c.parent_run_id,
+    postgresql_where=runs.c.parent_run_id.is_not(None),
+    sqlite_where=runs.c.parent_run_id.is_not(None),
+)
+
 journal_events = sa.Table(
     "journal_events",
     metadata,
@@ -276,3 +293,18 @@ pal_keys = sa.Table(
     sa.Column("created_at", UtcDateTime(), nullable=False),
 )
 FENCE_KEY = "fence"
+
+# A run `pal runs prune` deleted (migration 0016, docs/retention.md): its id stays taken, so a start
+# with that id is refused instead of running (and delivering) again under the same idempotency
+# keys, and, with --keep-receipts, its signed receipt bundle (RFC 8785 text) with the tenant that
+# may read it. No foreign key: the run is gone.
+pruned_runs = sa.Table(
+    "pruned_runs",
+    metadata,
+    sa.Column("run_id", sa.String(128), primary_key=True),
+    sa.Column("tenant_id", sa.String(64), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("finished_at", UtcDateTime(), nullable=True),
+    sa.Column("pruned_at", UtcDateTime(), nullable=False),
+    sa.Column("receipt", sa.Text(), nullable=True),
+)
