@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # End-to-end files the core lane takes, so that both lanes take about as long (measured side by
 # side: e2e 8.4 min and core 4.7 min without them; with these and the API's two, 6.2 and 7.5).
-BALANCE = ["tests/e2e/test_side_effect_crashes.py"]
+BALANCE = ["tests/e2e/test_side_effect_crashes.py", "tests/e2e/test_prune_cli.py"]
 LANES = {
     "e2e": ["tests/e2e", *(f"--ignore={path}" for path in BALANCE)],
     "core": ["tests/unit", "tests/storage", "tests/architecture", "tests/integration", *BALANCE],
