@@ -32,7 +32,7 @@ AS $function$
             PERFORM set_config('synchronous_commit', 'off', true);
 
     RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
-     WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
+     WHERE e.run_id = p_run AND (e.run_id, e.seq) > (p_run, p_after) AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
      ORDER BY e.seq;
 
         END $function$;
@@ -64,7 +64,7 @@ AS $function$
             END IF;
 
     RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
-     WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
+     WHERE e.run_id = p_run AND (e.run_id, e.seq) > (p_run, p_after) AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
      ORDER BY e.seq;
 
         END $function$;
@@ -103,10 +103,10 @@ AS $function$
 
             PERFORM set_config('synchronous_commit', 'off', true);
             RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
-             WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
+             WHERE e.run_id = p_run AND (e.run_id, e.seq) > (p_run, p_after) AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
              ORDER BY e.seq;
             IF EXISTS (SELECT 1 FROM journal_events e
-                        WHERE e.run_id = p_run AND e.seq > p_after AND e.step_id = p_step
+                        WHERE e.run_id = p_run AND (e.run_id, e.seq) > (p_run, p_after) AND e.step_id = p_step
                           AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')) THEN
                 RETURN;  -- the caller predicted from an older log: it decides again
             END IF;
@@ -145,7 +145,7 @@ AS $function$
             END IF;
 
             IF EXISTS (SELECT 1 FROM journal_events e
-                        WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')) THEN
+                        WHERE e.run_id = p_run AND (e.run_id, e.seq) > (p_run, p_after) AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')) THEN
                 RETURN;  -- the caller predicted its hand-off from an older log: it decides again
             END IF;
 
@@ -177,7 +177,7 @@ AS $function$
                 RETURN;
             END IF;
             RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
-             WHERE e.run_id = p_run AND e.seq > p_after
+             WHERE e.run_id = p_run AND (e.run_id, e.seq) > (p_run, p_after)
                AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
              ORDER BY e.seq;
         END $function$;
