@@ -9,11 +9,12 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from pal.config import Settings
 from pal.core.clock import utcnow
 from pal.core.records import Event, RunRecord
+from pal.core.run_filters import parse_time
 from pal.core.run_receipt import issue
 from pal.engine.run_receipts import signing_key
 from pal.errors import InputError
@@ -57,11 +58,10 @@ def parse_cutoff(text: str, now: datetime) -> datetime:
             return now - int(ago.group(1)) * _UNIT[ago.group(2)]
         except OverflowError:  # before year 1
             raise InputError(f"--finished-before {text!r} is before year 1; use {CUTOFF_FORMS}") from None
-    try:
-        parsed = datetime.fromisoformat(text)
+    try:  # the same ISO 8601 reading as the runs list's since/until (pal.core.run_filters)
+        return parse_time(text, "--finished-before")
     except ValueError:
         raise InputError(f"--finished-before {text!r} is not {CUTOFF_FORMS}") from None
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
 def check_batch(batch: int) -> int:
