@@ -33,12 +33,12 @@ RUN_ROWS = sa.select(*(c for c in runs.c if c.name != "graph"))  # a run without
 _RUN_ROW = RUN_ROWS.where(runs.c.id == sa.bindparam("row_run"))
 _LOG_SINCE = (
     sa.select(journal_events.c.seq, journal_events.c.step_id, journal_events.c.kind, journal_events.c.payload)
-    # (run_id, seq) > (run, after), not seq > after: only the (run_id, seq) index can serve a row
-    # comparison, so the planner never scans the primary key on seq instead and filters by run
-    # (which reads every other run's events since `after`; docs/benchmarks.md, issue 24).
+    # `run_id = run AND seq > after` walks ix_journal_events_run_seq from (run, after). Not the row
+    # comparison (run_id, seq) > (run, after): beside the equality it cannot position the scan, which
+    # then reads the run's every index entry (docs/benchmarks.md, issue 24). The hot path reads
+    # through the functions, whose generic plans never pick the primary key on seq instead.
     .where(journal_events.c.run_id == sa.bindparam("log_run"),
-           sa.tuple_(journal_events.c.run_id, journal_events.c.seq)
-           > sa.tuple_(sa.bindparam("log_run"), sa.bindparam("log_after")),
+           journal_events.c.seq > sa.bindparam("log_after"),
            journal_events.c.kind.in_(LOG_KINDS))
     .order_by(journal_events.c.seq)
 )

@@ -8,6 +8,13 @@
 -- a re-drive reads the gate's score back); pal_journal_notify:
 -- NOTIFY for the SSE stream (migration 0003). docs/architecture.md, "The step protocol", says what each decides and why.
 --
+-- The functions that read the step log plan it once for any run (plan_cache_mode
+-- force_generic_plan, migration 0018): a plan made for one call's values can pick the primary key on
+-- seq when the statistics end below the newest events, and read every other run's events since
+-- p_after; the generic plan always walks ix_journal_events_run_seq from (p_run, p_after). A row
+-- comparison, (run_id, seq) > (p_run, p_after), was tried (migration 0017): beside the equality on
+-- run_id the index starts at the run's first event, so every read cost the run's length.
+--
 -- Migrations load this file (pal.storage.sql.load): change a function here, then add a migration
 -- that loads the file again and records its new sha256 (tests/integration/test_migrations.py
 -- checks that the newest loader's hash is this file's). Each statement ends with a line holding
@@ -16,6 +23,7 @@
 CREATE OR REPLACE FUNCTION pal_claim_fence(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint)
  RETURNS TABLE(seq bigint, step_id text, kind text, payload jsonb)
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
         #variable_conflict use_column
         BEGIN
@@ -32,7 +40,7 @@ AS $function$
             PERFORM set_config('synchronous_commit', 'off', true);
 
     RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
-     WHERE e.run_id = p_run AND (e.run_id, e.seq) > (p_run, p_after) AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
+     WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
      ORDER BY e.seq;
 
         END $function$;
@@ -41,6 +49,7 @@ AS $function$
 CREATE OR REPLACE FUNCTION pal_complete_fence(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone)
  RETURNS TABLE(seq bigint, step_id text, kind text, payload jsonb)
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
         #variable_conflict use_column
         DECLARE
@@ -64,7 +73,7 @@ AS $function$
             END IF;
 
     RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
-     WHERE e.run_id = p_run AND (e.run_id, e.seq) > (p_run, p_after) AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
+     WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
      ORDER BY e.seq;
 
         END $function$;
@@ -88,6 +97,7 @@ AS $function$
 CREATE OR REPLACE FUNCTION pal_claim_step(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone, p_first boolean)
  RETURNS TABLE(seq bigint, step_id text, kind text, payload jsonb)
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
         #variable_conflict use_column
         DECLARE
@@ -103,10 +113,10 @@ AS $function$
 
             PERFORM set_config('synchronous_commit', 'off', true);
             RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
-             WHERE e.run_id = p_run AND (e.run_id, e.seq) > (p_run, p_after) AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
+             WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
              ORDER BY e.seq;
             IF EXISTS (SELECT 1 FROM journal_events e
-                        WHERE e.run_id = p_run AND (e.run_id, e.seq) > (p_run, p_after) AND e.step_id = p_step
+                        WHERE e.run_id = p_run AND e.seq > p_after AND e.step_id = p_step
                           AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')) THEN
                 RETURN;  -- the caller predicted from an older log: it decides again
             END IF;
@@ -131,6 +141,7 @@ AS $function$
 CREATE OR REPLACE FUNCTION pal_complete_step(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone)
  RETURNS TABLE(seq bigint, step_id text, kind text, payload jsonb)
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
         #variable_conflict use_column
         DECLARE
@@ -145,7 +156,7 @@ AS $function$
             END IF;
 
             IF EXISTS (SELECT 1 FROM journal_events e
-                        WHERE e.run_id = p_run AND (e.run_id, e.seq) > (p_run, p_after) AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')) THEN
+                        WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')) THEN
                 RETURN;  -- the caller predicted its hand-off from an older log: it decides again
             END IF;
 
@@ -165,6 +176,7 @@ AS $function$
 CREATE OR REPLACE FUNCTION pal_read_log(p_run text, p_generation integer, p_after bigint)
  RETURNS TABLE(seq bigint, step_id text, kind text, payload jsonb)
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
         #variable_conflict use_column
         BEGIN
@@ -177,7 +189,7 @@ AS $function$
                 RETURN;
             END IF;
             RETURN QUERY SELECT e.seq, e.step_id::text, e.kind::text, e.payload FROM journal_events e
-             WHERE e.run_id = p_run AND (e.run_id, e.seq) > (p_run, p_after)
+             WHERE e.run_id = p_run AND e.seq > p_after
                AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')
              ORDER BY e.seq;
         END $function$;
