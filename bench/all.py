@@ -93,15 +93,20 @@ def _peer(peers: dict[str, dict[str, Any] | None], name: str, key: str) -> dict[
     return dict((peers.get(name) or {}).get(key) or {})
 
 
+# PAL's two measured set-ups (bench/throughput.py): `pal worker`'s default, and solo workers.
+PAL_SETUPS = {"pal": "prefork, 2 processes", "pal_solo": "2 solo workers"}
+
+
 def throughput_rows(throughput: dict[str, Any] | None, peers: dict[str, dict[str, Any] | None]) -> list[str]:
     rows = []
-    for key in ("linear", "concurrent"):
+    for key, setup in ((key, setup) for key in ("linear", "concurrent") for setup in PAL_SETUPS):
         row = _scenario(throughput, key)
-        pal, floor = row.get("pal"), row.get("floor")
+        pal, floor = row.get(setup), row.get("floor")
         dbos, langgraph, restate = (_peer(peers, name, key).get("median") for name in PEERS)
         met = None if not (pal and floor and dbos) else (pal / floor >= 0.9 and pal / dbos >= WANT_DBOS[key])
         met_restate = None if not (pal and restate) else pal / restate >= WANT_RESTATE[key]
-        rows.append(f"| {row.get('scenario', key)} | {_num(pal)} | {_num(row.get('raw'))} | {_num(floor)} "
+        rows.append(f"| {row.get('scenario', key)}, PAL {PAL_SETUPS[setup]} | {_num(pal)} "
+                    f"| {_num(row.get('raw'))} | {_num(floor)} "
                     f"| {_num(row.get('floor1'))} | {_num(dbos)} | {_num(langgraph)} | {_num(restate)} "
                     f"| {_ratio(pal, floor)} | {_ratio(pal, dbos)} | {_ratio(pal, langgraph)} "
                     f"| {_ratio(pal, restate)} "
@@ -133,13 +138,13 @@ def cpu_total_rows(throughput: dict[str, Any] | None, peers: dict[str, dict[str,
     """CPU per step over all of each side's processes (medians), against issue 24's bound for PAL."""
     rows = [f"| CPU ms per step, all processes (medians) | PAL | {' | '.join(PEERS.values())} | target |",
             "|---|---:|---:|---:|---:|---|"]
-    for key in ("linear", "concurrent"):
+    for key, setup in ((key, setup) for key in ("linear", "concurrent") for setup in PAL_SETUPS):
         row = _scenario(throughput, key)
-        spent = (row.get("cpu_samples") or {}).get("pal") or []
+        spent = (row.get("cpu_samples") or {}).get(setup) or []
         pal = sum(cpu.medians(spent).values()) if spent else None
         peer_ms = " | ".join(_num(_peer(peers, name, key).get("cpu_ms_median"), ".2f") for name in PEERS)
         met = None if pal is None else pal <= WANT_CPU_MS
-        rows.append(f"| {row.get('scenario', key)} | {_num(pal, '.2f')} | {peer_ms} "
+        rows.append(f"| {row.get('scenario', key)}, PAL {PAL_SETUPS[setup]} | {_num(pal, '.2f')} | {peer_ms} "
                     f"| PAL <= {WANT_CPU_MS} ms: {_target(met)} |")
     return rows
 
@@ -149,12 +154,13 @@ def cpu_rows(throughput: dict[str, Any] | None) -> list[str]:
     rows = ["| CPU ms per step (medians) | driver | worker main | pool | Postgres | Redis | total |",
             "|---|---:|---:|---:|---:|---:|---:|"]
     for row in (throughput or {}).get("table", []):
-        for kind in ("pal", "floor"):
+        for kind in (*PAL_SETUPS, "floor"):
             spent = row.get("cpu_samples", {}).get(kind) or []
             if not spent:
                 continue
             medians = list(cpu.medians(spent).values())
-            rows.append(f"| {row['scenario']}, {'PAL' if kind == 'pal' else 'floor'} | "
+            who = f"PAL {PAL_SETUPS[kind]}" if kind in PAL_SETUPS else "floor"
+            rows.append(f"| {row['scenario']}, {who} | "
                         + " | ".join(f"{m:.2f}" for m in medians)
                         + f" | {sum(medians):.2f} |")
     return rows if len(rows) > 2 else []
@@ -167,16 +173,23 @@ def paired_lines(throughput: dict[str, Any] | None, peers: dict[str, dict[str, A
     lines = []
     for key in ("linear", "concurrent"):
         samples = _scenario(throughput, key).get("samples", {})
-        pal = samples.get("pal", [])
-        for label, peer in (("floor", samples.get("floor", [])),
-                            *((label, _peer(peers, name, key).get("steps_per_s", []))
-                              for name, label in PEERS.items())):
-            ratios = [p / q for p, q in zip(pal, peer, strict=False) if q]
-            if ratios:
-                lines.append(f"- {key}, PAL / {label} per rep: "
-                             + " ".join(f"{r:.2f}" for r in ratios)
-                             + f" (median {statistics.median(ratios):.2f}x)")
+        for setup, setup_label in PAL_SETUPS.items():
+            lines += _paired(key, f"PAL {setup_label}", samples.get(setup, []), samples, peers)
     return ["Paired, each repetition against its own peer run:", "", *lines] if lines else []
+
+
+def _paired(key: str, pal_label: str, pal: list[float], samples: dict[str, Any],
+            peers: dict[str, dict[str, Any] | None]) -> list[str]:
+    lines = []
+    for label, peer in (("floor", samples.get("floor", [])),
+                        *((label, _peer(peers, name, key).get("steps_per_s", []))
+                          for name, label in PEERS.items())):
+        ratios = [p / q for p, q in zip(pal, peer, strict=False) if q]
+        if ratios:
+            lines.append(f"- {key}, {pal_label} / {label} per rep: "
+                         + " ".join(f"{r:.2f}" for r in ratios)
+                         + f" (median {statistics.median(ratios):.2f}x)")
+    return lines
 
 
 def _below(value: Any, bound: float) -> str:

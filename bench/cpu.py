@@ -54,9 +54,9 @@ def seconds(pids: Iterable[int]) -> float:
     return total
 
 
-def snapshot(worker_pid: int) -> Snapshot:
-    """CPU so far of every process in a group; `worker_pid` is the measured worker's main process,
-    its descendants are its pool. Empty where there is no /proc."""
+def snapshot(worker_pid: int, *more_workers: int) -> Snapshot:
+    """CPU so far of every process in a group; `worker_pid` (and `more_workers`) are the measured
+    workers' main processes, their descendants are their pools. Empty where there is no /proc."""
     if not _PROC.is_dir():
         return {}
     processes = list(_processes())
@@ -64,7 +64,8 @@ def snapshot(worker_pid: int) -> Snapshot:
     for pid, parent, _, _ in processes:
         children.setdefault(parent, []).append(pid)
     pool: set[int] = set()
-    pending = list(children.get(worker_pid, ()))
+    workers = {worker_pid, *more_workers}
+    pending = [child for worker in workers for child in children.get(worker, ())]
     while pending:
         pid = pending.pop()
         pool.add(pid)
@@ -74,7 +75,7 @@ def snapshot(worker_pid: int) -> Snapshot:
     for pid, _, name, seconds in processes:
         if pid == me:
             found[pid] = ("driver", seconds)
-        elif pid == worker_pid:
+        elif pid in workers:
             found[pid] = ("worker", seconds)
         elif pid in pool:
             found[pid] = ("pool", seconds)

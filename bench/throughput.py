@@ -64,7 +64,11 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 CONCURRENCY = 2
 # What each peer kind commits per hop (bench/celery_floor.py); PAL is measured first in each rep.
 COMMITS = {"raw": 0, "floor": 2, "floor1": 1}
-KINDS = ("pal", *COMMITS)
+# PAL is measured twice: `pal worker` as it starts by default (prefork, 2 processes; or
+# BENCH_PAL_WORKER_ARGS), and as two solo workers, one per core, each running its steps inline
+# (pal.workers.inline; docs/architecture.md, "Delivery").
+SOLO_WORKERS = 2
+KINDS = ("pal", "pal_solo", *COMMITS)
 MEASURE_TIMEOUT = 240.0  # seconds one measurement may take before it is abandoned
 READY_TIMEOUT = 90.0  # seconds a worker may take to start and finish its warm-up
 POLL = 0.1
@@ -252,26 +256,32 @@ def bench_schema(infra: Infra, label: str, tmp: Path) -> Iterator[tuple[str, Set
         infra.delete_keys(prefix)
 
 
-def measure_pal(infra: Infra, scenario: Scenario, tmp: Path, extra_env: dict[str, str] | None = None
-                ) -> Measurement:
+def measure_pal(infra: Infra, scenario: Scenario, tmp: Path, extra_env: dict[str, str] | None = None,
+                *, solo: bool = False) -> Measurement:
     """One PAL measurement: fresh schema, prefix, queue and `pal worker` (with `extra_env` on top
-    of its settings); all removed after."""
+    of its settings; `solo`: SOLO_WORKERS solo workers instead); all removed after."""
     with bench_schema(infra, "pal", tmp) as (schema, settings, env):
         env = env | (extra_env or {})
         log = tmp / schema / "worker.log"
-        pool = os.environ.get("BENCH_PAL_WORKER_ARGS", f"--concurrency {CONCURRENCY}").split()
-        worker = start_process(
-            [sys.executable, "-m", "pal.cli", "worker", *pool, "--loglevel", "WARNING"], env, log)
+        if solo:
+            pool, count = ["--pool", "solo"], SOLO_WORKERS
+        else:
+            pool = os.environ.get("BENCH_PAL_WORKER_ARGS", f"--concurrency {CONCURRENCY}").split()
+            count = int(os.environ.get("BENCH_PAL_WORKERS", "1"))
+        workers = [start_process([sys.executable, "-m", "pal.cli", "worker", *pool, "--loglevel", "WARNING",
+                                  "--hostname", f"pal{i}@%h"], env, log.with_suffix(f".{i}.log"))
+                   for i in range(count)]
         client = Client(settings)
         try:
-            return _timed_runs(client, scenario, log, worker.pid)
+            return _timed_runs(client, scenario, log.with_suffix(".0.log"), *(w.pid for w in workers))
         finally:
             client.runtime.journal.engine.dispose()
             client.close()
-            stop_process(worker)
+            for worker in workers:
+                stop_process(worker)
 
 
-def _timed_runs(client: Client, scenario: Scenario, log: Path, worker_pid: int) -> Measurement:
+def _timed_runs(client: Client, scenario: Scenario, log: Path, *worker_pids: int) -> Measurement:
     # Warm-up: both pool processes import, connect and parse a graph before the clock starts.
     warm = [client.start_run(linear_graph(2)) for _ in range(4)]
     try:
@@ -279,14 +289,14 @@ def _timed_runs(client: Client, scenario: Scenario, log: Path, worker_pid: int) 
     except TimeoutError:
         raise RuntimeError(f"pal worker not ready; log tail:\n{log_tail(log)}") from None
     graph = linear_graph(scenario.nodes)
-    cpu_before = cpu.snapshot(worker_pid)
+    cpu_before = cpu.snapshot(*worker_pids)
     t0 = time.time()
     run_ids = [client.start_run(graph) for _ in range(scenario.graphs)]
     try:
         runs = _wait_terminal(client, run_ids, MEASURE_TIMEOUT)
     except TimeoutError as exc:
         raise RuntimeError(f"{exc}; worker log tail:\n{log_tail(log)}") from None
-    cpu_after = cpu.snapshot(worker_pid)
+    cpu_after = cpu.snapshot(*worker_pids)
     bad = [r.status for r in runs if r.status != "succeeded"]
     if bad:
         raise RuntimeError(f"PAL runs ended {bad}; worker log tail:\n{log_tail(log)}")
@@ -572,8 +582,8 @@ def main(argv: list[str] | None = None) -> int:
                 for s in scenarios:
                     label = f"{s.name} ({s.graphs}x{s.nodes})"
                     for kind in KINDS:
-                        if kind == "pal":
-                            m = measure_pal(infra, s, tmp)
+                        if kind in ("pal", "pal_solo"):
+                            m = measure_pal(infra, s, tmp, solo=kind == "pal_solo")
                         else:
                             m = floor.measure(s, commits=COMMITS[kind])
                         results[s.name][kind].append(m)
@@ -599,12 +609,15 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     table: list[dict[str, Any]] = []
     for s in scenarios:
-        pal, raw, flo, flo1 = (median_rate(results[s.name][k]) for k in KINDS)
+        pal, solo, raw, flo, flo1 = (median_rate(results[s.name][k]) for k in KINDS)
         label = f"{s.name} ({s.graphs}x{s.nodes})"
         print(f"{label:<22} {fmt(pal, '11.1f')} {fmt(raw, '11.1f')} {fmt(flo, '13.1f')} "
               f"{fmt(flo1, '14.1f')} {fmt(pal / raw, '8.2f')} {fmt(pal / flo, '9.2f')} "
               f"{fmt(pal / flo1, '10.2f')}")
-        table.append({"scenario": label, "pal": pal, "raw": raw, "floor": flo, "floor1": flo1,
+        print(f"{'':<22} PAL, {SOLO_WORKERS} solo workers: {fmt(solo, '.1f')} steps/s, "
+              f"{fmt(solo / flo, '.2f')}x the floor")
+        table.append({"scenario": label, "pal": pal, "pal_solo": solo, "raw": raw, "floor": flo,
+                      "floor1": flo1,
                       "samples": {k: [m.rate for m in v] for k, v in results[s.name].items()},
                       "cpu_samples": {k: [m.cpu_ms for m in v if m.cpu_ms]
                                       for k, v in results[s.name].items()}})

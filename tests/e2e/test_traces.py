@@ -37,7 +37,13 @@ def test_a_sigkill_and_a_sweep_give_two_linked_traces(processes: Processes, post
         def root_of(trace_id: int) -> bool:
             return any(s.span_id == (root_1 if trace_id == trace_1 else root_2) for s in collector.received())
 
-        assert wait_until(lambda: root_of(trace_1) and root_of(trace_2), timeout=30), collector.received()
+        def steps_of(trace_id: int) -> set[str]:
+            return {s.attributes["pal.step.id"] for s in collector.received()
+                    if s.trace_id == trace_id and "pal.step.id" in s.attributes}
+
+        # Each pool process exports its own batches: the root's may arrive before another's steps.
+        assert wait_until(lambda: root_of(trace_1) and root_of(trace_2)
+                          and {"s1", "s2", "out"} <= steps_of(trace_2), timeout=30), collector.received()
         client.close()
     spans = collector.received()
     lost = next(s for s in spans if s.span_id == root_1)

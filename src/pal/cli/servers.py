@@ -18,6 +18,8 @@ def worker(
     pool: Annotated[str, typer.Option(help="Celery pool: prefork, threads, solo.")] = "prefork",
     vm_host: Annotated[bool, typer.Option(
         "--vm-host", help="Also start the VMs of microVM runs on this machine (PAL_VM_QUEUE).")] = False,
+    hostname: Annotated[str | None, typer.Option(
+        help="Celery node name, e.g. pal2@%h: each worker on one machine needs its own.")] = None,
 ) -> None:
     """Run a Celery worker that executes graph nodes (same as `celery -A pal.workers worker`)."""
     from pal.core.redact import redact_text
@@ -37,6 +39,8 @@ def worker(
             f"--queues={queues}", *WORKER_QUIET_FLAGS]
     if concurrency:
         argv.append(f"--concurrency={concurrency}")
+    if hostname:
+        argv.append(f"--hostname={hostname}")
     if celery_app.runtime.settings.is_embedded_broker:
         argv.append("--without-heartbeat")  # no broadcast on the filesystem broker: nobody listens
     celery_app.worker_main(argv)

@@ -34,7 +34,7 @@ def register_tasks(app: Celery) -> None:
     # `throws`: Celery logs a StepFailed in one INFO line; the engine logged it at ERROR with the
     # step's own traceback (pal.engine.steps), which Celery's would only bury.
     @app.task(name=EXECUTE_NODE, bind=True, shared=False,  # type: ignore[untyped-decorator]
-              throws=(StepFailed,))
+              throws=(StepFailed,), Strategy="pal.workers.inline:execute_node_strategy")
     def execute_node(self: Any, run_id: Any, step_id: Any, generation: Any, signature: Any = None) -> str:
         """Execute one graph node of one run (one node per message).
 

@@ -1,0 +1,175 @@
+"""`pal.execute_node` run inline by a solo worker, without Celery's per-message Request and tracer.
+
+A solo worker (`pal worker --pool solo`) runs each task in its one process, from the event loop's
+callback that received the message. For a task Celery builds a Request, passes it through the
+pool, and wraps the call in its tracer (result states, signals, the request and task stacks).
+`pal.execute_node` uses none of it: the message is a doorbell, the journal is the truth, and
+the task ignores its result. So in a solo worker this strategy runs the task function on the
+message itself, then acknowledges it and sends Flower its task events: received, started, and
+succeeded or failed. Worker counters (Flower's "processed") and the current task (which links a
+successor's message to its parent and root) are kept as Celery keeps them.
+
+What differs from Celery's path is documented in docs/architecture.md ("Delivery"): on PAL's
+Redis transport the doorbell is taken at most once (pal.workers.redis_transport), because the
+lease and the orphan sweep, not a message restored after the visibility timeout, recover a step
+lost with its worker. A message with an ETA or an expiry (a backoff's countdown) goes through
+Celery's own strategy. Prefork and threads workers use Celery's strategy for every message.
+docs/benchmarks.md (issue 24) has the figures.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
+
+from celery._state import _task_stack
+from celery.utils.saferepr import saferepr
+from celery.worker import state as worker_state
+from celery.worker.strategy import default as celery_strategy
+from kombu.utils import json as kombu_json
+
+from pal.errors import StepFailed
+from pal.workers import redis_transport
+from pal.workers.task_names import SENT_AT_HEADER
+
+log = logging.getLogger(__name__)
+
+SOLO_POOL_MODULE = "celery.concurrency.solo"
+
+
+# Steps a solo worker runs back to back, each taking the next message as it publishes its own,
+# before it returns to its event loop (heartbeats, control commands, timers, a warm shutdown).
+MAX_CHAIN = 32
+
+_envelope: Callable[[bytes], dict[str, Any]] = kombu_json.loads  # a Redis message, as kombu reads it
+
+
+def execute_node_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., None]:
+    """Celery's `Task.Strategy` hook: the handler the worker's consumer calls per message of `task`."""
+    celery_handler: Callable[..., None] = celery_strategy(task, app, consumer, **options)
+    if type(consumer.pool).__module__ != SOLO_POOL_MODULE:
+        return celery_handler  # the step runs in a pool process or thread, as Celery arranges it
+    redis_transport.AT_MOST_ONCE_TASKS.add(task.name)
+    log.info("pid %d runs %s inline (solo pool)", os.getpid(), task.name)
+    return InlineSteps(task, app, consumer, celery_handler).handle
+
+
+class InlineSteps:
+    """The message handler of one solo worker's `pal.execute_node` messages."""
+
+    def __init__(self, task: Any, app: Any, consumer: Any, celery_handler: Callable[..., None]) -> None:
+        self.task, self.consumer, self.celery_handler = task, consumer, celery_handler
+        eventer = consumer.event_dispatcher
+        sends = eventer is not None and eventer.enabled and task.send_events
+        self.send_event = eventer.send if sends else None
+        self.publisher = getattr(app, "node_publisher", None)  # None on the filesystem broker
+        self.queue = app.runtime.settings.queue
+        self.pending: deque[tuple[Any, ...]] = deque()  # taken messages, delivered during a step
+        self.running = False
+
+    def handle(self, message: Any, payload: Any, ack: Any, reject: Any, callbacks: Any,
+               **kwargs: Any) -> None:
+        delivery = (message, payload, ack, reject, callbacks, kwargs)
+        if self.running:  # a message taken by the step before it: it runs next, not inside
+            self.pending.append(delivery)
+            return
+        self.running = True
+        try:
+            chained = 0
+            while True:
+                chained += 1
+                taken = self._run(*delivery, take=chained < MAX_CHAIN and not _stopping())
+                if taken is not None:
+                    self._deliver(message.channel, taken)
+                if not self.pending:
+                    return
+                delivery = self.pending.popleft()
+                message = delivery[0]
+        finally:
+            self.running = False
+
+    def _deliver(self, channel: Any, raw: bytes) -> None:
+        """Hand a taken message to kombu and Celery's consumer, as a BRPOP reply would be."""
+        try:
+            channel.connection._deliver(_envelope(raw), self.queue)
+        except Exception as exc:  # anyone who reaches the broker can push anything onto the queue
+            log.warning("a message taken from queue %s was dropped: %r", self.queue, exc)
+
+    def _run(self, message: Any, payload: Any, ack: Any, reject: Any, callbacks: Any, kwargs: dict[str, Any],
+             *, take: bool) -> bytes | None:
+        """Run one message's step; the message its hand-off took from the queue, if any."""
+        headers = message.headers
+        if payload is not None or headers.get("eta") or headers.get("expires"):
+            # A protocol-1 message, or one that must wait: Celery's timer and request hold it.
+            self.celery_handler(message, payload, ack, reject, callbacks, **kwargs)
+            return None
+        task, send_event = self.task, self.send_event
+        task_id = headers.get("id")
+        if send_event is not None:
+            send_event("task-received", uuid=task_id, name=task.name, args=headers.get("argsrepr"),
+                       kwargs=headers.get("kwargsrepr"), root_id=headers.get("root_id"),
+                       parent_id=headers.get("parent_id"), retries=headers.get("retries", 0),
+                       eta=None, expires=None)
+            send_event("task-started", uuid=task_id)
+        worker_state.total_count[task.name] += 1
+        worker_state.all_total_count[0] += 1
+        began = time.monotonic()
+        taking = self.publisher.taking_next() if (take and self.publisher is not None) else nullcontext([])
+        try:
+            with taking as taken:
+                outcome = self._call(message, headers)
+        except Exception as exc:  # the step's failure is journaled; anything else is logged here
+            message.ack_log_error(log, self.consumer.connection_errors)
+            if isinstance(exc, StepFailed):
+                log.info("Task %s[%s] raised expected: %r", task.name, task_id, exc)
+            elif isinstance(exc, MalformedMessage):
+                log.warning("%s refused: %s", task.name, exc)
+            else:
+                log.exception("Task %s[%s] raised unexpected: %r", task.name, task_id, exc)
+            if send_event is not None:
+                send_event("task-failed", uuid=task_id, exception=saferepr(exc), traceback="")
+            return taken[0] if taken else None
+        message.ack_log_error(log, self.consumer.connection_errors)
+        if send_event is not None:
+            send_event("task-succeeded", uuid=task_id, result=saferepr(outcome),
+                       runtime=time.monotonic() - began)
+        return taken[0] if taken else None
+
+    def _call(self, message: Any, headers: dict[str, Any]) -> Any:
+        """The task function on the message's arguments, with the request Celery's tracer would set
+        (its id, parent and root link the successors' messages; its headers carry `sent_at`)."""
+        task = self.task
+        args, task_kwargs = _arguments(message)
+        _task_stack.push(task)
+        task.push_request(id=headers.get("id"), root_id=headers.get("root_id"),
+                          parent_id=headers.get("parent_id"), called_directly=False,
+                          hostname=self.consumer.hostname, headers=headers,
+                          delivery_info=message.delivery_info,
+                          **{SENT_AT_HEADER: headers.get(SENT_AT_HEADER)})
+        try:
+            return task.run(*args, **task_kwargs)
+        finally:
+            task.pop_request()
+            _task_stack.pop()
+
+
+def _stopping() -> bool:
+    """The worker was asked to stop: return to the event loop, which carries that out."""
+    return bool(worker_state.should_stop or worker_state.should_terminate)
+
+
+class MalformedMessage(Exception):
+    """A message whose body is not `[args, kwargs, embed]` (anyone who reaches the broker can send one)."""
+
+
+def _arguments(message: Any) -> tuple[list[Any], dict[str, Any]]:
+    body = message.decode()  # refuses a content type the app does not accept
+    if not (isinstance(body, (list, tuple)) and len(body) == 3
+            and isinstance(body[0], (list, tuple)) and isinstance(body[1], dict)):
+        raise MalformedMessage(f"body is not [args, kwargs, embed]: {saferepr(body, maxlen=200)}")
+    return list(body[0]), dict(body[1])
