@@ -5,6 +5,7 @@ messages are refused without stopping the worker. docs/architecture.md, "Deliver
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -68,6 +69,19 @@ def worker_is_listening(events: list[dict[str, Any]]) -> bool:
     return any(e["type"] in ("worker-online", "worker-heartbeat") for e in events)
 
 
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (a prefork worker's pool), from /proc."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
+
+
 def unacked(redis_client: redis.Redis, backend: Backend) -> int:
     return int(redis_client.hlen(f"{backend.settings.broker_key_prefix}unacked"))
 
@@ -129,10 +143,9 @@ def test_the_doorbell_of_a_running_step_is_kept_only_by_a_prefork_worker(
                                   for e in client.events(run_id)), timeout=60)
     time.sleep(0.5)  # the step is napping
     assert unacked(redis_client, postgres_backend) == (1 if pool == "prefork" else 0)
-    worker.send_signal(signal.SIGKILL)
+    for pid in (*children_of(worker.pid), worker.pid):  # the machine is gone: pool children too
+        os.kill(pid, signal.SIGKILL)
     worker.wait(10)
-    if pool == "prefork":  # only the main process died: the pool child naps on, orphaned
-        processes.started.append(worker)
     queue = f"{postgres_backend.settings.broker_key_prefix}{postgres_backend.settings.queue}"
     assert redis_client.llen(queue) == 0  # nothing was given back to the queue
     processes.worker("fresh")

@@ -59,8 +59,10 @@ def count_runs(backend: Backend) -> tuple[int, int]:
 
 
 @pytest.fixture
-def cli(backend: Backend, tmp_path: Path) -> Processes:
-    return Processes(backend, tmp_path)
+def cli(backend: Backend, tmp_path: Path) -> Iterator[Processes]:
+    processes = Processes(backend, tmp_path)
+    yield processes
+    processes.stop_all()  # the workers a test started, not left running after it
 
 
 def test_progress_per_batch_then_a_summary(backend: Backend, cli: Processes) -> None:

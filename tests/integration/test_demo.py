@@ -37,6 +37,7 @@ def test_the_demo_crashes_recovers_decides_and_suggests_commands_that_work(tmp_p
     approvals = re.findall(r">>> APPROVAL: \[(T-\d+)\] waits at 'page_ok': Page on-call for ticket \1", out)
     assert sorted(approvals) == ["T-1001", "T-1003"]
     assert re.search(r"a person decides with: \S*pal runs approve run_\w+ page_ok", out)
+    assert re.search(r"a person decides with: \S*pal runs reject run_\w+ page_ok", out)
     assert "page_on_call('T-1003'): 1" in out and "page_on_call('T-1001')" not in out  # rejected
     assert "3 of 3 runs succeeded" in out
 

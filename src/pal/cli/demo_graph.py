@@ -20,7 +20,7 @@ from pal.tools import tool
 
 LEDGER_VARIABLE = "PAL_DEMO_LEDGER"
 SLOW_CUSTOMER = "initech"  # its CRM lookup takes SLOW_LOOKUP_S: long enough to crash a worker in it
-SLOW_LOOKUP_S = 3.0
+SLOW_LOOKUP_S = 4.0
 
 DEMO_TICKETS = [
     {"id": "T-1001", "customer": "acme", "text": "I was charged twice this month, please refund!"},

@@ -136,8 +136,8 @@ class InlineSteps:
             return taken[0] if taken else None
         message.ack_log_error(log, self.consumer.connection_errors)
         if send_event is not None:
-            send_event("task-succeeded", uuid=task_id, result=saferepr(outcome),
-                       runtime=time.monotonic() - began)
+            result = repr(outcome) if isinstance(outcome, str) else saferepr(outcome)  # an outcome's name
+            send_event("task-succeeded", uuid=task_id, result=result, runtime=time.monotonic() - began)
         return taken[0] if taken else None
 
     def _call(self, message: Any, headers: dict[str, Any]) -> Any:
