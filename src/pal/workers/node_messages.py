@@ -55,8 +55,10 @@ class NodePublisher:
     def taking_next(self) -> Iterator[list[bytes]]:
         """The first pipeline this thread sends inside the block also takes the queue's oldest
         message (RPOP, the end BRPOP takes from), returned in the yielded list: a solo worker runs
-        it next without another round trip (pal.workers.inline). Nothing is taken when the block
-        publishes nothing, or only through `send_task`."""
+        it next without another round trip (pal.workers.inline). The pipeline is one transaction,
+        so when the queue was empty the message taken is the step's own successor, not one an idle
+        worker took first. Nothing is taken when the block publishes nothing, or only through
+        `send_task`."""
         taken: list[bytes] = []
         self._held.taken = taken
         try:
@@ -115,6 +117,10 @@ class NodePublisher:
             # One more than the commands, so that the batch does not flush itself before the take.
             batch = channel.create_publish_batch(max_size=len(messages) + 1)
             try:
+                if taken is not None:
+                    # MULTI/EXEC: Redis serves a worker blocked in BRPOP only after the EXEC, so an
+                    # idle worker cannot snatch the successor from the step that is free to run it.
+                    batch.pipeline.multi()
                 for message, exchange, routing_key in messages:
                     batch.publish(message, exchange=exchange, routing_key=routing_key)
                 replies = _replies_of(batch.pipeline) if taken is not None else []
