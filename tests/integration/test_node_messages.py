@@ -131,3 +131,32 @@ def test_a_batch_that_raises_sends_nothing(postgres_backend: Backend, redis_clie
     assert _queued(redis_client, postgres_backend) == []
     app.runtime.publish("run-1", "b", 2)  # the thread is out of the batch: this one goes at once
     assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["b"]
+
+
+def test_a_take_pops_the_oldest_message_with_the_publish_and_nothing_past_its_deadline(
+        postgres_backend: Backend, redis_client: redis.Redis) -> None:
+    """What a solo worker's step does as it hands off (pal.workers.inline): the pipeline that
+    publishes the successor also takes the queue's oldest message, unless the worker has already
+    chained steps for long enough."""
+    app = create_app(postgres_backend.settings)
+    publisher = app.node_publisher
+    assert isinstance(publisher, NodePublisher)
+    publisher.publish(["run_x", "older", 1, "sig"])
+    with publisher.taking_next() as taken:
+        publisher.publish(["run_x", "newer", 1, "sig"])
+    assert len(taken) == 1 and json.loads(base64.b64decode(json.loads(taken[0])["body"]))[0][1] == "older"
+    assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["newer"]
+    with publisher.taking_next() as taken:  # the oldest again: the one the first take left
+        publisher.publish(["run_x", "own", 1, "sig"])
+    assert len(taken) == 1 and json.loads(base64.b64decode(json.loads(taken[0])["body"]))[0][1] == "newer"
+    with publisher.taking_next(until=time.monotonic() - 1) as taken:
+        publisher.publish(["run_x", "late", 1, "sig"])
+    assert taken == []
+    assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["own", "late"]
+    redis_client.delete(postgres_backend.settings.broker_key_prefix + postgres_backend.settings.queue)
+    with publisher.taking_next() as taken:  # an empty queue: the step takes its own successor
+        publisher.publish(["run_x", "alone", 1, "sig"])
+    assert len(taken) == 1 and json.loads(base64.b64decode(json.loads(taken[0])["body"]))[0][1] == "alone"
+    with publisher.taking_next() as taken:
+        pass  # nothing published: nothing taken
+    assert taken == [] and _queued(redis_client, postgres_backend) == []

@@ -43,8 +43,12 @@ SOLO_POOL_MODULE = "celery.concurrency.solo"
 
 
 # Steps a solo worker runs back to back, each taking the next message as it publishes its own,
-# before it returns to its event loop (heartbeats, control commands, timers, a warm shutdown).
+# before it returns to its event loop (heartbeats, control commands, timers, a warm shutdown):
+# at most MAX_CHAIN steps, and nothing taken once the chain has run MAX_CHAIN_S seconds, well
+# inside Celery's 2 s heartbeat (Flower calls a worker offline after missing heartbeats). A
+# step that itself runs long still blocks the loop, as in any solo worker.
 MAX_CHAIN = 32
+MAX_CHAIN_S = 0.5
 
 _envelope: Callable[[bytes], dict[str, Any]] = kombu_json.loads  # a Redis message, as kombu reads it
 
@@ -79,11 +83,13 @@ class InlineSteps:
             self.pending.append(delivery)
             return
         self.running = True
+        began = time.monotonic()
         try:
             chained = 0
             while True:
                 chained += 1
-                taken = self._run(*delivery, take=chained < MAX_CHAIN and not _stopping())
+                take = chained < MAX_CHAIN and not _stopping()
+                taken = self._run(*delivery, take=take, until=began + MAX_CHAIN_S)
                 if taken is not None:
                     self._deliver(message.channel, taken)
                 if not self.pending:
@@ -101,7 +107,7 @@ class InlineSteps:
             log.warning("a message taken from queue %s was dropped: %r", self.queue, exc)
 
     def _run(self, message: Any, payload: Any, ack: Any, reject: Any, callbacks: Any, kwargs: dict[str, Any],
-             *, take: bool) -> bytes | None:
+             *, take: bool, until: float) -> bytes | None:
         """Run one message's step; the message its hand-off took from the queue, if any."""
         headers = message.headers
         if payload is not None or headers.get("eta") or headers.get("expires"):
@@ -119,7 +125,8 @@ class InlineSteps:
         worker_state.total_count[task.name] += 1
         worker_state.all_total_count[0] += 1
         began = time.monotonic()
-        taking = self.publisher.taking_next() if (take and self.publisher is not None) else nullcontext([])
+        publisher = self.publisher if take else None
+        taking = publisher.taking_next(until) if publisher is not None else nullcontext([])
         try:
             with taking as taken:
                 outcome = self._call(message, headers)

@@ -52,15 +52,16 @@ class NodePublisher:
         self._held = threading.local()  # args: the messages of this thread's open batch, if any
 
     @contextmanager
-    def taking_next(self) -> Iterator[list[bytes]]:
+    def taking_next(self, until: float = float("inf")) -> Iterator[list[bytes]]:
         """The first pipeline this thread sends inside the block also takes the queue's oldest
         message (RPOP, the end BRPOP takes from), returned in the yielded list: a solo worker runs
         it next without another round trip (pal.workers.inline). The pipeline is one transaction,
         so when the queue was empty the message taken is the step's own successor, not one an idle
         worker took first. Nothing is taken when the block publishes nothing, or only through
-        `send_task`."""
+        `send_task`, or after `until` (time.monotonic())."""
         taken: list[bytes] = []
         self._held.taken = taken
+        self._held.until = until
         try:
             yield taken
         finally:
@@ -114,6 +115,8 @@ class NodePublisher:
                 return
             taken: list[bytes] | None = getattr(self._held, "taken", None)
             self._held.taken = None  # one take per block
+            if taken is not None and time.monotonic() >= self._held.until:
+                taken = None  # the taker has run long enough: it goes back to its event loop
             # One more than the commands, so that the batch does not flush itself before the take.
             batch = channel.create_publish_batch(max_size=len(messages) + 1)
             try:
