@@ -39,7 +39,6 @@ from pal.cli.demo_graph import (
 DEMO_LEASE_TTL = "3s"  # short, so the demo's recovery comes seconds after the crash, not 30 s
 CRASHED_STEP = "customer"
 DEMO_SWEEP_EVERY_S = 1.0  # after the crash, the demo sweeps as often as a demo's beat would
-SETTLED = ("succeeded", "failed", "cancelled", "waiting")  # a run with no step in flight
 VERBS = {"approved": "approve", "rejected": "reject"}  # the `pal runs` command of each decision
 
 
@@ -133,8 +132,9 @@ def _crash_and_recover(client: Any, watch: _Watch, run_id: str, worker: subproce
     def only_the_lookup_in_flight() -> bool:
         # The other tickets have finished or wait for a person: the kill cuts off one step only.
         watch.drain()
+        others = (client.get_run(other) for other in watch.names if other != run_id)
         return (run_id, CRASHED_STEP) in watch.started and all(
-            client.get_run(other).status in SETTLED for other in watch.names if other != run_id)
+            run.terminal or run.status == "waiting" for run in others)
 
     if not wait_until(only_the_lookup_in_flight, timeout):
         common.fail(f"{ticket} never ran {CRASHED_STEP} alone; see {home}/demo-worker.log", EXIT_TIMEOUT)

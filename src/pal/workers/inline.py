@@ -110,7 +110,7 @@ class InlineSteps:
              *, take: bool, until: float) -> bytes | None:
         """Run one message's step; the message its hand-off took from the queue, if any."""
         headers = message.headers
-        if payload is not None or headers.get("eta") or headers.get("expires"):
+        if payload is not None or redis_transport.waits_in_memory(headers):
             # A protocol-1 message, or one that must wait: Celery's timer and request hold it.
             self.celery_handler(message, payload, ack, reject, callbacks, **kwargs)
             return None
@@ -127,25 +127,31 @@ class InlineSteps:
         began = time.monotonic()
         publisher = self.publisher if take else None
         taking = publisher.taking_next(until) if publisher is not None else nullcontext([])
+        failure: Exception | None = None
         try:
             with taking as taken:
                 outcome = self._call(message, headers)
         except Exception as exc:  # the step's failure is journaled; anything else is logged here
-            message.ack_log_error(log, self.consumer.connection_errors)
-            if isinstance(exc, StepFailed):
-                log.info("Task %s[%s] raised expected: %r", task.name, task_id, exc)
-            elif isinstance(exc, MalformedMessage):
-                log.warning("%s refused: %s", task.name, exc)
-            else:
-                log.exception("Task %s[%s] raised unexpected: %r", task.name, task_id, exc)
-            if send_event is not None:
-                send_event("task-failed", uuid=task_id, exception=saferepr(exc), traceback="")
-            return taken[0] if taken else None
+            failure = exc
         message.ack_log_error(log, self.consumer.connection_errors)
-        if send_event is not None:
+        if failure is not None:
+            self._failed(task_id, failure)
+        elif send_event is not None:
             result = repr(outcome) if isinstance(outcome, str) else saferepr(outcome)  # an outcome's name
             send_event("task-succeeded", uuid=task_id, result=result, runtime=time.monotonic() - began)
         return taken[0] if taken else None
+
+    def _failed(self, task_id: Any, exc: Exception) -> None:
+        """Log a message's failure as Celery would, and tell Flower."""
+        name = self.task.name
+        if isinstance(exc, StepFailed):
+            log.info("Task %s[%s] raised expected: %r", name, task_id, exc)
+        elif isinstance(exc, MalformedMessage):
+            log.warning("%s refused: %s", name, exc)
+        else:
+            log.exception("Task %s[%s] raised unexpected: %r", name, task_id, exc, exc_info=exc)
+        if self.send_event is not None:
+            self.send_event("task-failed", uuid=task_id, exception=saferepr(exc), traceback="")
 
     def _call(self, message: Any, headers: dict[str, Any]) -> Any:
         """The task function on the message's arguments, with the request Celery's tracer would set

@@ -126,8 +126,9 @@ class NodePublisher:
                     batch.pipeline.multi()
                 for message, exchange, routing_key in messages:
                     batch.publish(message, exchange=exchange, routing_key=routing_key)
-                replies = _replies_of(batch.pipeline) if taken is not None else []
+                replies: list[Any] = []
                 if taken is not None:
+                    replies = _replies_of(batch.pipeline)
                     batch.pipeline.rpop(self.queue_name)  # the client prefixes the key
                 batch.flush()
             finally:

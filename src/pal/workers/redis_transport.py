@@ -48,6 +48,12 @@ _REDIS_CHANNEL: Any = redis.Channel
 _REDIS_TRANSPORT: Any = redis.Transport
 
 
+def waits_in_memory(headers: dict[str, Any]) -> bool:
+    """A message with an ETA or an expiry: Celery's timer holds it in the worker, so kombu's copy
+    in Redis stays and the message takes Celery's own path (pal.workers.inline)."""
+    return bool(headers.get("eta") or headers.get("expires"))
+
+
 def is_envelope(payload: Any) -> bool:
     """Whether `payload` (a decoded queue item) has what kombu reads from a message."""
     if not isinstance(payload, dict):
@@ -75,8 +81,7 @@ class QoS(redis.QoS):
 
     def append(self, message: Any, delivery_tag: str) -> None:
         headers = message.headers if isinstance(message.headers, dict) else {}
-        if (headers.get("task") in AT_MOST_ONCE_TASKS
-                and not headers.get("eta") and not headers.get("expires")):
+        if headers.get("task") in AT_MOST_ONCE_TASKS and not waits_in_memory(headers):
             self._unindexed.add(delivery_tag)
             _MEMORY_QOS.append(self, message, delivery_tag)
             return
@@ -91,8 +96,7 @@ class QoS(redis.QoS):
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if delivery_tag in self._unindexed:  # nothing in Redis to put back: the sweep re-drives
-            self._unindexed.discard(delivery_tag)
-            _MEMORY_QOS.ack(self, delivery_tag)
+            self.ack(delivery_tag)
             return
         _REDIS_QOS.reject(self, delivery_tag, requeue=requeue)
 
