@@ -84,10 +84,10 @@ def test_a_node_message_survives_a_dropped_broker_connection(postgres_backend: B
                                                            redis_client: redis.Redis) -> None:
     app = create_app(postgres_backend.settings)
     app.runtime.publish("run-1", "s1", 1)
-    with app.producer_or_acquire() as producer:
-        pool = producer.channel.pool
-        ports = {c._sock.getsockname()[1] for c in pool._available_connections if c._sock}
-    assert ports, "the publish left a pooled connection"
+    assert app.node_publisher is not None
+    connection = app.node_publisher._wire_of_process().redis  # the publisher's own connection
+    ports = {connection._sock.getsockname()[1]} if connection._sock else set()
+    assert ports, "the publish left its connection open"
     killed = 0
     for client in redis_client.client_list():  # as a Redis restart would, behind the pool's back
         if int(client["addr"].rsplit(":", 1)[1]) in ports:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pal.core import templates
-from pal.core.views import AsNodeOutputs, OnlyKeys, WithOne
+from pal.core.views import AsNodeOutputs, GrowingOutputs, OnlyKeys, WithOne
 
 
 def test_only_keys_shows_the_allowed_keys_and_nothing_else() -> None:
@@ -36,3 +40,60 @@ def test_with_one_adds_or_replaces_one_key() -> None:
     assert source == {"a": 1, "b": 2}
     with pytest.raises(KeyError):
         added["d"]
+
+
+def test_growing_outputs_share_one_record_and_each_view_keeps_its_own_entries() -> None:
+    first = GrowingOutputs().added({"a": 1})
+    second = first.added({"b": 2})
+    third = second.added({"c": 3})
+    assert third._record is first._record  # extended at its tip: appended, not copied
+    assert dict(first) == {"a": 1} and dict(second) == {"a": 1, "b": 2}
+    assert list(third) == ["a", "b", "c"] and len(third) == 3 and third["c"] == 3
+    assert "c" not in second and second.get("c") is None
+    with pytest.raises(KeyError):
+        second["c"]
+    # An older view extended again (a stale log read anew) gets its own copy: the first
+    # branch keeps what it saw.
+    branch = second.added({"x": 9})
+    assert branch._record is not third._record
+    assert dict(branch) == {"a": 1, "b": 2, "x": 9} and dict(third) == {"a": 1, "b": 2, "c": 3}
+    # A key that reappears takes its new value in a copy, as a dict assignment would.
+    again = third.added({"a": 7})
+    assert dict(again) == {"a": 7, "b": 2, "c": 3} and third["a"] == 1
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.dictionaries(st.sampled_from("abcdefgh"), st.integers(),
+                                                               max_size=3)), max_size=12))
+def test_growing_outputs_behave_as_copied_dicts(steps: list[tuple[int, dict[str, int]]]) -> None:
+    """Any sequence of extensions, each from any earlier view, matches the dicts a copy per
+    extension would give, and no earlier view changes."""
+    views, models = [GrowingOutputs()], [{}]
+    for parent, new in steps:
+        index = parent % len(views)
+        views.append(views[index].added(new))
+        models.append(dict(models[index]) | new)
+        assert all(dict(v) == m and len(v) == len(m) and list(v) == list(m) for v, m in zip(views, models, strict=True))
+
+
+def test_growing_outputs_extended_from_threads_lose_nothing() -> None:
+    """Two threads extending the same view at once: one appends, the other copies; both views
+    have their own entries and the base is unchanged."""
+    base = GrowingOutputs().added({"start": 0})
+    results: dict[str, GrowingOutputs] = {}
+    barrier = threading.Barrier(2)
+
+    def extend(name: str) -> None:
+        barrier.wait()
+        view = base
+        for i in range(200):
+            view = view.added({f"{name}{i}": i})
+        results[name] = view
+
+    threads = [threading.Thread(target=extend, args=(n,)) for n in ("p", "q")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert dict(base) == {"start": 0}
+    for name in ("p", "q"):
+        assert dict(results[name]) == {"start": 0} | {f"{name}{i}": i for i in range(200)}

@@ -21,6 +21,7 @@ from decimal import Decimal
 from types import MappingProxyType
 from typing import Any
 
+from pal.core.views import GrowingOutputs
 from pal.core.vocabulary import EventKind
 
 # approval_decided ends a step's wait: it is the one event a budget pause is resumed by (the step
@@ -71,7 +72,8 @@ class StepLog:
     def extended(self, rows: Iterable[Any]) -> StepLog:
         """This log with later events (rows of seq, step_id, kind, payload, in seq order) added;
         the log itself is never changed, readers in other threads may hold it."""
-        outputs, retries, waited, seq = dict(self.outputs), dict(self.retries), set(self.waited), self.seq
+        outputs: dict[str, Any] = {}  # added to the log's own below: a copy of them costs O(steps)
+        retries, waited, seq = dict(self.retries), set(self.waited), self.seq
         tokens, cost, retry_count = self.tokens, self.cost_usd, self.retry_count
         resumed, gates = dict(self.resumed), dict(self.gates)
         for row in rows:
@@ -96,5 +98,13 @@ class StepLog:
                 payload = row.payload or {}
                 if payload.get("kind") in RESUMING_WAITS and payload.get("decision") == "approved":
                     resumed[row.step_id] = (*resumed.get(row.step_id, ()), payload["kind"])
-        return StepLog(seq, MappingProxyType(outputs), MappingProxyType(retries), frozenset(waited),
+        return StepLog(seq, _outputs_of(self).added(outputs), MappingProxyType(retries), frozenset(waited),
                        tokens, cost, retry_count, MappingProxyType(resumed), MappingProxyType(gates))
+
+
+def _outputs_of(log: StepLog) -> GrowingOutputs:
+    """The log's outputs as a view that grows without copying (a log built with a plain mapping
+    is turned into one, once)."""
+    if isinstance(log.outputs, GrowingOutputs):
+        return log.outputs
+    return GrowingOutputs().added(log.outputs)

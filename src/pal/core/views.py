@@ -6,6 +6,8 @@ on every step made a run of n steps cost O(n²) (a 10,000-step run copied 10,000
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections.abc import Container, Iterator, Mapping
 from typing import Any
 
@@ -60,3 +62,57 @@ class WithOne(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._source) + (self._key not in self._source)
+
+
+class GrowingOutputs(Mapping[str, Any]):
+    """The first `size` entries of a record that a run's successive step logs share and only ever
+    add to, so that extending a log by one step costs O(1), not a copy of every output so far.
+
+    `added` is this view plus new entries. It appends to the shared record only when this view
+    is its latest one and every key is new; otherwise (an older log extended again, a key that
+    reappears) it copies, so no view ever sees its entries change."""
+
+    __slots__ = ("_record", "_size")
+
+    def __init__(self, record: _Record | None = None, size: int = 0) -> None:
+        self._record = record if record is not None else _Record()
+        self._size = size
+
+    def __getitem__(self, key: str) -> Any:
+        index, value = self._record.entries[key]
+        if index >= self._size:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        entry = self._record.entries.get(key)  # type: ignore[call-overload]
+        return entry is not None and entry[0] < self._size
+
+    def __iter__(self) -> Iterator[str]:
+        return itertools.islice(self._record.entries, self._size)  # a dict keeps insertion order
+
+    def __len__(self) -> int:
+        return self._size
+
+    def added(self, new: Mapping[str, Any]) -> GrowingOutputs:
+        record = self._record
+        if not new:
+            return self
+        with record.lock:
+            entries = record.entries
+            if len(entries) == self._size and not any(key in entries for key in new):
+                for key, value in new.items():
+                    entries[key] = (len(entries), value)
+                return GrowingOutputs(record, len(entries))
+        merged = dict(self.items()) | dict(new)
+        fresh = _Record()
+        fresh.entries.update((key, (i, value)) for i, (key, value) in enumerate(merged.items()))
+        return GrowingOutputs(fresh, len(merged))
+
+
+class _Record:
+    __slots__ = ("entries", "lock")
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[int, Any]] = {}  # key -> (its position, its value)
+        self.lock = threading.Lock()  # logs of one run may be extended from several threads

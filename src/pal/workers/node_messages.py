@@ -6,12 +6,13 @@ options, routes it, copies and binds the queue and the event exchange to declare
 not), wraps the publish in a retry, and sends the message and its task-sent event as two Redis
 round trips, a large share of all the CPU a step costs (docs/benchmarks.md).
 This publisher builds the same protocol-2 message with Celery's own
-`amqp.as_task_v2` and the same task-sent event with the app's event dispatcher, declares the queue
-and the exchange once per connection, and sends both through kombu's Redis publish batch: one
-pipeline, one round trip.
+`amqp.as_task_v2` and the same task-sent event with the app's event dispatcher, in the envelope
+kombu's Redis transport stores, and writes both on its process's own broker connection as one
+MULTI/EXEC (`BrokerWire`): one write, one round trip, and none of the producer pool's, the publish
+batch's or redis-py's pipeline bookkeeping.
 
 It is used only for plain dispatches on PAL's Redis transport. A batch (the sweep's re-drives)
-holds its messages and sends them all in one pipeline when it ends. A countdown, or any failure of
+holds its messages and sends them all in one transaction when it ends. A countdown, or any failure of
 the fast path, goes through `send_task`, which retries.
 Sending a message twice after a failed batch (whose delivery is uncertain) is safe: a step's
 message is idempotent, a duplicate claim finds the step already started or done.
@@ -21,12 +22,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import redis
 from kombu.common import maybe_declare
 from kombu.utils.uuid import uuid
 
@@ -38,6 +41,7 @@ CONTENT_TYPE = "application/json"
 CONTENT_ENCODING = "utf-8"
 PERSISTENT = 2  # AMQP delivery mode of a task message, as Celery sets it
 TRANSIENT = 1  # the event exchange's delivery mode
+SENT_ROUTING_KEY = "task.sent"  # the task-sent event's routing key, as Celery sends it
 
 
 class NodePublisher:
@@ -50,14 +54,16 @@ class NodePublisher:
         self.sent_event = bool(app.conf.task_send_sent_event)
         self.sent = 0  # messages this publisher sent itself (the rest went through send_task)
         self._held = threading.local()  # args: the messages of this thread's open batch, if any
+        self._wire: BrokerWire | None = None  # this process's connection (_wire_of_process)
+        self._wire_lock = threading.Lock()
 
     @contextmanager
     def taking_next(self, until: float = float("inf")) -> Iterator[list[bytes]]:
-        """The first pipeline this thread sends inside the block also takes the queue's oldest
+        """The first transaction this thread sends inside the block also takes the queue's oldest
         message (RPOP, the end BRPOP takes from), returned in the yielded list: a solo worker runs
-        it next without another round trip (pal.workers.inline). The pipeline is one transaction,
-        so when the queue was empty the message taken is the step's own successor, not one an idle
-        worker took first. Nothing is taken when the block publishes nothing, or only through
+        it next without another round trip (pal.workers.inline). In one transaction with the
+        publish, so when the queue was empty the message taken is the step's own successor, not
+        one an idle worker took first. Nothing is taken when the block publishes nothing, or only through
         `send_task`, or after `until` (time.monotonic())."""
         taken: list[bytes] = []
         self._held.taken = taken
@@ -106,38 +112,36 @@ class NodePublisher:
         self.sent += len(messages_args)
 
     def _send(self, messages_args: list[list[Any]]) -> None:
-        with self.app.producer_or_acquire() as producer:
-            channel = producer.channel
-            messages = [message for args in messages_args for message in self._messages(args, channel)]
-            if not channel.supports_batch_publish:  # a client that retries would replay a pipeline
-                for message, exchange, routing_key in messages:
-                    channel.basic_publish(message, exchange=exchange, routing_key=routing_key)
-                return
-            taken: list[bytes] | None = getattr(self._held, "taken", None)
-            self._held.taken = None  # one take per block
-            if taken is not None and time.monotonic() >= self._held.until:
-                taken = None  # the taker has run long enough: it goes back to its event loop
-            # One more than the commands, so that the batch does not flush itself before the take.
-            batch = channel.create_publish_batch(max_size=len(messages) + 1)
-            try:
-                if taken is not None:
-                    # MULTI/EXEC: Redis serves a worker blocked in BRPOP only after the EXEC, so an
-                    # idle worker cannot snatch the successor from the step that is free to run it.
-                    batch.pipeline.multi()
-                for message, exchange, routing_key in messages:
-                    batch.publish(message, exchange=exchange, routing_key=routing_key)
-                replies: list[Any] = []
-                if taken is not None:
-                    replies = _replies_of(batch.pipeline)
-                    batch.pipeline.rpop(self.queue_name)  # the client prefixes the key
-                batch.flush()
-            finally:
-                batch.close()
-            if taken is not None and replies and replies[-1] is not None:
-                taken.append(replies[-1])
+        wire = self._wire_of_process()
+        commands = [command for args in messages_args for command in self._commands(args, wire)]
+        taken: list[bytes] | None = getattr(self._held, "taken", None)
+        self._held.taken = None  # one take per block
+        if taken is not None and time.monotonic() >= self._held.until:
+            taken = None  # the taker has run long enough: it goes back to its event loop
+        if taken is not None:
+            commands.append(("RPOP", wire.queue_key))
+        try:
+            replies = wire.transaction(commands)
+        except BaseException:
+            self._wire = None  # the next send connects afresh
+            wire.close()
+            raise
+        if taken is not None and replies[-1] is not None:
+            taken.append(replies[-1])
 
-    def _messages(self, args: list[Any], channel: Any) -> list[tuple[Any, str, str]]:
-        """The task message for `args` and its task-sent event, each with exchange and routing key."""
+    def _wire_of_process(self) -> BrokerWire:
+        """This process's connection for the fast path: made on first use, and again in a forked
+        child (a pool process), which must not share its parent's sockets."""
+        wire = self._wire
+        if wire is None or wire.pid != os.getpid():
+            with self._wire_lock:
+                wire = self._wire
+                if wire is None or wire.pid != os.getpid():
+                    wire = self._wire = BrokerWire(self.app, self.queue_name)
+        return wire
+
+    def _commands(self, args: list[Any], wire: BrokerWire) -> list[tuple[str, ...]]:
+        """The Redis commands that queue the message for `args` and send its task-sent event."""
         app, amqp = self.app, self.app.amqp
         task_id = uuid()
         root_id = parent_id = None
@@ -151,37 +155,79 @@ class NodePublisher:
             argsrepr=repr(args), kwargsrepr="{}", ignore_result=None)  # as send_task: the task decides
         properties["delivery_mode"] = PERSISTENT
         headers[SENT_AT_HEADER] = time.time()  # a step span's queue wait starts here (when tracing)
-        self._declare(amqp.queues[self.queue_name], channel)
-        messages = [(channel.prepare_message(json.dumps(body), 0, CONTENT_TYPE, CONTENT_ENCODING,
-                                             headers, properties), "", self.queue_name)]
+        message = wire.envelope(json.dumps(body), headers, properties, "", self.queue_name)
+        commands: list[tuple[str, ...]] = [("LPUSH", wire.queue_key, message)]
         if sent_event is not None:
             dispatcher = amqp._event_dispatcher
-            self._declare(dispatcher.exchange, channel)
             event = dispatcher._prepare_event("task-sent", dict(
                 sent_event, queue=self.queue_name, exchange="", routing_key=self.queue_name))
-            messages.append((channel.prepare_message(json.dumps(event), 0, CONTENT_TYPE,
-                                                     CONTENT_ENCODING, dispatcher.headers,
-                                                     {"delivery_mode": TRANSIENT}),
-                             dispatcher.exchange.name, "task.sent"))
-        return messages
-
-    @staticmethod
-    def _declare(entity: Any, channel: Any) -> None:
-        # kombu's maybe_declare binds a copy of the entity on every call before it looks at its
-        # cache; look first. The cache belongs to the connection, so a new connection declares.
-        if hash(entity) not in channel.connection.client.declared_entities:
-            maybe_declare(entity, channel)  # type: ignore[no-untyped-call]
+            payload = wire.envelope(json.dumps(event), dispatcher.headers, {"delivery_mode": TRANSIENT},
+                                    wire.event_exchange, SENT_ROUTING_KEY)
+            commands.extend(("PUBLISH", topic, payload) for topic in wire.event_topics)
+        return commands
 
 
-def _replies_of(pipeline: Any) -> list[Any]:
-    """A list that will hold the replies of `pipeline`'s next execute (kombu's batch drops them)."""
-    replies: list[Any] = []
-    execute = pipeline.execute
+class BrokerWire:
+    """One process's own connection to the broker for node messages, and what it needs to write
+    them as kombu's Redis transport would: the prefixed queue key, the event topics, the envelope.
 
-    def execute_keeping_replies(*args: Any, **kwargs: Any) -> list[Any]:
-        result: list[Any] = execute(*args, **kwargs)
-        replies.extend(result)
-        return result
+    The commands of one send go out as one MULTI/EXEC in one write, and their replies are read
+    back in order: no producer pool, no publish batch, no redis-py pipeline object, no connection
+    pool (their bookkeeping was most of a step's publishing cost, docs/benchmarks.md). The queue and the event
+    exchange are declared once, when the wire opens."""
 
-    pipeline.execute = execute_keeping_replies
-    return replies
+    def __init__(self, app: Any, queue: str) -> None:
+        self.pid = os.getpid()
+        self.connection = app.connection_for_write()
+        try:
+            channel = self.channel = self.connection.default_channel
+            prefix = channel.global_keyprefix
+            priority = channel._get_message_priority({"properties": {"priority": 0}}, reverse=False)
+            self.queue_key = prefix + channel._q_for_pri(queue, priority)
+            dispatcher = app.amqp._event_dispatcher
+            self.event_exchange = dispatcher.exchange.name
+            self.event_topics = [prefix + topic for topic in
+                                 channel._get_publish_topics(self.event_exchange, SENT_ROUTING_KEY)]
+            maybe_declare(app.amqp.queues[queue], channel)  # type: ignore[no-untyped-call]
+            maybe_declare(dispatcher.exchange, channel)  # type: ignore[no-untyped-call]
+            # Its own redis-py connection, with the channel's options, held for the process's life:
+            # a pool's checkout and checkin cost about as much as the write itself.
+            pool = channel.pool
+            self.redis = pool.connection_class(**pool.connection_kwargs)
+            self._lock = threading.Lock()
+        except BaseException:
+            self.connection.release()
+            raise
+
+    def envelope(self, body: str, headers: dict[str, Any], properties: dict[str, Any],
+                 exchange: str, routing_key: str) -> str:
+        """The JSON kombu's Redis transport stores for a message (`Channel.basic_publish`)."""
+        channel = self.channel
+        message = channel.prepare_message(body, 0, CONTENT_TYPE, CONTENT_ENCODING, headers, properties)
+        channel._inplace_augment_message(message, exchange, routing_key)
+        return json.dumps(message)
+
+    def transaction(self, commands: list[tuple[str, ...]]) -> list[Any]:
+        """Run `commands` in one MULTI/EXEC and return their replies. A failed or refused command
+        raises, and the connection, whose state is then unknown, is closed."""
+        connection = self.redis
+        with self._lock:  # threads of one process (an API server's) share the wire
+            try:
+                connection.send_packed_command(connection.pack_commands([("MULTI",), *commands, ("EXEC",)]))
+                for _ in range(len(commands) + 1):  # MULTI's OK, then one QUEUED per command
+                    connection.read_response()
+                replies = connection.read_response()
+            except BaseException:
+                connection.disconnect()
+                raise
+        if not isinstance(replies, list) or len(replies) != len(commands):
+            raise redis.ResponseError(f"EXEC replied {replies!r:.200}")
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def close(self) -> None:
+        if self.pid == os.getpid():
+            self.redis.disconnect()
+            self.connection.release()
