@@ -26,7 +26,7 @@ from pal.engine.steps import execute_step
 from pal.errors import LeaseLost
 from pal.storage.one_call import FunctionCall
 from tests.conftest import Backend
-from tests.support.graphs import counted, edge, flaky, linear
+from tests.support.graphs import branching, counted, edge, flaky, linear
 from tests.support.tools import calls
 
 Message = tuple[str, str, int]
@@ -45,12 +45,16 @@ class Process:
         return execute_step(self.client.runtime, *message).outcome
 
 
-@pytest.fixture
-def two(backend: Backend) -> Iterator[tuple[Process, Process]]:
+def two_processes(backend: Backend) -> Iterator[tuple[Process, Process]]:
     a, b = Process(backend), Process(backend)
     yield a, b
     b.client.close()
     a.client.close()
+
+
+@pytest.fixture
+def two(backend: Backend) -> Iterator[tuple[Process, Process]]:
+    yield from two_processes(backend)
 
 
 def started(client: Client, run_id: str, step_id: str) -> list[int | None]:
@@ -174,7 +178,7 @@ def test_a_warm_step_is_one_call_to_claim_and_one_to_complete(postgres_backend: 
         a.deliver(a.outbox.pop(0))  # s0: this process now knows the run
         counted_calls = Counted(a.client)
         assert a.deliver(a.outbox.pop(0)) == "completed"  # s1
-        assert counted_calls.calls == ["pal_claim_step", "pal_complete_step"]
+        assert counted_calls.calls == ["pal_claim_step_after", "pal_complete_step"]
         assert counted_calls.transactions == 0
         assert started(a.client, run_id, "s1") == [1]
         assert [e.step_id for e in a.client.events(run_id) if e.kind == "step_completed"] == [
@@ -182,6 +186,95 @@ def test_a_warm_step_is_one_call_to_claim_and_one_to_complete(postgres_backend: 
         assert a.client.get_run(run_id).status == "running"
     finally:
         a.client.close()
+
+
+@pytest.fixture
+def two_on_postgres(postgres_backend: Backend) -> Iterator[tuple[Process, Process]]:
+    yield from two_processes(postgres_backend)
+
+
+def lock_of(client: Client, run_id: str) -> tuple[Any, ...]:
+    with client.runtime.journal.engine.connect() as conn:
+        return tuple(conn.execute(sa.text(
+            "SELECT worker_id, expires_at, generation, redeliver_at FROM run_locks WHERE run_id = :r"),
+            {"r": run_id}).one())
+
+
+def test_a_process_whose_log_is_behind_claims_in_one_call(two_on_postgres: tuple[Process, Process],
+                                                          counter: Path) -> None:
+    """Migration 0019: A's log has not seen s1 complete (B ran it). A's claim of s2 names s1 as
+    what it needs, and Postgres checks it: no read of the log first, no transaction."""
+    a, b = two_on_postgres
+    run_id = a.client.start_run(linear(counter, 4), {})
+    a.deliver(a.outbox.pop(0))
+    assert a.deliver(a.outbox.pop(0)) == "completed"  # s0 on A: A knows the run up to s0
+    assert b.deliver(a.outbox.pop(0)) == "completed"  # s1 on B
+    counted_calls = Counted(a.client)
+    assert a.deliver(b.outbox.pop(0)) == "completed"  # s2 on A, whose log ends at s0
+    assert counted_calls.calls == ["pal_claim_step_after", "pal_complete_step"]
+    assert counted_calls.transactions == 0
+    assert started(a.client, run_id, "s2") == [1]
+    while a.outbox:
+        assert a.deliver(a.outbox.pop(0)) == "completed"
+    assert a.client.get_run(run_id).status == "succeeded"
+    assert calls(counter) == ["s0", "s1", "s2", "s3"]
+
+
+def test_a_join_whose_other_branch_another_process_completed_is_claimed_in_one_call(
+        two_on_postgres: tuple[Process, Process], counter: Path) -> None:
+    a, b = two_on_postgres
+    run_id = a.client.start_run(diamond(counter), {})
+    a.deliver(a.outbox.pop(0))
+    messages = {step: (r, step, g) for r, step, g in a.outbox}
+    a.outbox.clear()
+    assert b.deliver(messages["b"]) == "completed"  # b on B: its hand-off waits for a
+    assert a.deliver(messages["a"]) == "completed"  # a on A, whose log has not seen b
+    j = next(m for m in a.outbox if m[1] == "j")
+    counted_calls = Counted(a.client)
+    assert a.deliver(j) == "completed"
+    # The claim in one call (its completion may decide in a transaction: out still waits for c).
+    assert counted_calls.calls[0] == "pal_claim_step_after" and "pal_read_log" not in counted_calls.calls
+    while a.outbox:
+        a.deliver(a.outbox.pop(0))
+    assert a.client.get_run(run_id).output == "j"
+
+
+def test_a_message_ahead_of_its_predecessor_is_refused_with_nothing_written(
+        postgres_backend: Backend, counter: Path) -> None:
+    """A doorbell for s2 while s1 has not run (a forged or replayed message that passed the
+    signature, or one a bug sent early): the server finds s1 incomplete, writes nothing and
+    leaves the lease alone; the transaction then refuses the step."""
+    a = Process(postgres_backend)
+    try:
+        run_id = a.client.start_run(linear(counter, 3), {})
+        a.deliver(a.outbox.pop(0))
+        assert a.deliver(a.outbox.pop(0)) == "completed"  # s0: A knows the run
+        _, _, generation = a.outbox[0]  # s1's message, never delivered
+        lock = lock_of(a.client, run_id)
+        counted_calls = Counted(a.client)
+        assert a.deliver((run_id, "s2", generation)) == "not_ready"
+        assert counted_calls.calls == ["pal_claim_step_after"]  # then the transaction decided
+        assert started(a.client, run_id, "s2") == []
+        assert lock_of(a.client, run_id) == lock  # holder, expiry, generation, redelivery untouched
+        assert calls(counter) == ["s0"]
+    finally:
+        a.client.close()
+
+
+def test_a_step_after_a_choice_reads_the_log_before_its_claim(two_on_postgres: tuple[Process, Process],
+                                                              counter: Path) -> None:
+    """What makes `yes` ready is `check`'s output, not only its completion: the plan names no
+    steps to check, and a process whose log is behind reads it first, as before migration 0019."""
+    a, b = two_on_postgres
+    run_id = a.client.start_run(branching(counter), {"big": True})
+    a.deliver(a.outbox.pop(0))  # start on A
+    assert b.deliver(a.outbox.pop(0)) == "completed"  # check on B
+    counted_calls = Counted(a.client)
+    assert a.deliver(b.outbox.pop(0)) == "completed"  # yes on A, whose log ends at start
+    assert counted_calls.calls == ["pal_read_log", "pal_claim_step_after", "pal_complete_step"]
+    while a.outbox:
+        a.deliver(a.outbox.pop(0))
+    assert a.client.get_run(run_id).output == "big"
 
 
 def prepared_statements(connection: Any) -> dict[str, int]:
@@ -206,8 +299,8 @@ def test_the_step_calls_are_prepared_once_per_connection(postgres_backend: Backe
         assert autocommit is not None
         uses = prepared_statements(autocommit._connection())
         made = {f"{name}_call": counted_calls.calls.count(name) for name in set(counted_calls.calls)}
-        assert made == {"pal_claim_step_call": 4, "pal_complete_step_call": 4}
-        assert uses["pal_claim_step_call"] >= 4 and uses["pal_complete_step_call"] >= 4
+        assert made == {"pal_claim_step_after_call": 4, "pal_complete_step_call": 4}
+        assert uses["pal_claim_step_after_call"] >= 4 and uses["pal_complete_step_call"] >= 4
         assert set(uses) == set(made)  # one prepared statement per function, not one per call
     finally:
         a.client.close()
@@ -230,7 +323,7 @@ def test_a_session_without_our_prepared_calls_runs_them_unprepared(postgres_back
         def prepared() -> list[str]:
             return sorted(prepared_statements(connection))
 
-        others = ["pal_claim_step_call", "pal_complete_step_call"]
+        others = ["pal_claim_step_after_call", "pal_complete_step_call"]
         if elsewhere == "names taken":  # before this connection's first call
             with connection.cursor() as cursor:
                 for name in others:
@@ -245,7 +338,7 @@ def test_a_session_without_our_prepared_calls_runs_them_unprepared(postgres_back
         counted_calls = Counted(a.client)
         while a.outbox:
             assert a.deliver(a.outbox.pop(0)) == "completed"
-        assert counted_calls.calls[:2] == ["pal_claim_step", "pal_complete_step"]  # still one call each
+        assert counted_calls.calls[:2] == ["pal_claim_step_after", "pal_complete_step"]  # still one call each
         assert autocommit._connection() is connection
         assert prepared() == others  # nothing prepared since
         assert a.client.get_run(run_id).status == "succeeded"
@@ -335,7 +428,7 @@ def test_the_first_one_call_after_an_idle_pooled_connection_runs(
         counted_calls = Counted(a.client)
         while a.outbox:
             assert a.deliver(a.outbox.pop(0)) == "completed"
-        assert "pal_claim_step" in counted_calls.calls
+        assert "pal_claim_step_after" in counted_calls.calls
         assert a.client.get_run(run_id).status == "succeeded"
         assert calls(counter) == ["s0", "s1", "s2"]
     finally:

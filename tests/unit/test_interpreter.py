@@ -320,3 +320,54 @@ def test_a_join_behind_a_long_pending_chain_falls_back_to_the_whole_walk() -> No
         graph, completed, "a599")
     completed |= {f"b{i}": {} for i in range(600)}
     assert interpreter.handoff(graph, completed, "b599").dispatch == ("join",)
+
+
+# --- what a claim whose log is behind asks the server to check (Program.needs) -------------------
+
+
+def test_needs_names_the_predecessors_whose_completion_makes_a_step_ready() -> None:
+    program = interpreter.GraphProgram(LINEAR)
+    assert program.needs({"t": {}}, "b") == {"a"}  # a not seen complete: b needs it
+    assert program.needs({"t": {}, "a": {}}, "b") is None  # ready already: nothing to check
+    assert program.needs({"t": {}, "a": {}, "b": {}}, "b") is None  # done
+    fan = interpreter.GraphProgram(FAN)
+    assert fan.needs({"t": {}, "a": {}}, "join") == {"b", "c"}  # a join needs every branch
+    assert fan.needs({"t": {}}, "join") == {"a", "b", "c"}
+    assert fan.needs({}, "nope") is None  # not a step of the plan
+
+
+def test_needs_is_none_after_a_choice_or_in_a_loop() -> None:
+    branch = interpreter.GraphProgram(BRANCH)
+    assert branch.needs({"t": {}}, "yes") is None  # c's output picks the live edge: read the log
+    # After the choice, the join needs the branch taken; the other one is skipped for good.
+    assert branch.needs({"t": {}, "c": chose("true")}, "join") == {"yes"}
+    looped = interpreter.GraphProgram(parse_graph({
+        "nodes": [{"id": "t", "type": "trigger"},
+                  {"id": "l", "type": "loop", "data": {"items": "{{ [1, 2] }}", "body": {
+                      "nodes": [{"id": "x", "type": "tool", "data": {"tool": "echo"}}], "edges": []}}}],
+        "edges": [{"source": "t", "target": "l"}]}))
+    assert looped.needs({}, "l") is None and looped.needs({"t": {}}, "l[0].x") is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(run=random_runs(), data=st.data())
+def test_the_completions_a_step_needs_make_it_ready_whatever_they_output(
+    run: tuple[Graph, dict[str, str]], data: st.DataObject
+) -> None:
+    """At every point of a random run, for every step not yet completed: the steps `needs` names
+    are not complete, and once they are (with any output), the step is ready."""
+    graph, branches = run
+    program = interpreter.GraphProgram(graph)
+    completed: dict[str, Any] = {}
+    in_flight = [graph.trigger_id]
+    while in_flight:
+        for node_id in graph.order:
+            needed = program.needs(completed, node_id)
+            if needed is None:
+                continue
+            assert needed and not needed & set(completed)
+            outputs = data.draw(st.sampled_from([{"of": "x"}, None, {"branch": "true"}]))
+            assert program.is_ready(completed | dict.fromkeys(needed, outputs), node_id), (node_id, needed)
+        step_id = in_flight.pop(data.draw(st.integers(min_value=0, max_value=len(in_flight) - 1)))
+        completed[step_id] = chose(branches[step_id]) if step_id in branches else {"of": step_id}
+        in_flight.extend(interpreter.handoff(graph, completed, step_id).dispatch)

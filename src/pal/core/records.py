@@ -201,5 +201,8 @@ Frontier = Callable[[Mapping[str, Any]], Sequence[str]]
 """frontier(completed): the steps a plan finds ready (in flight or waiting), as in a re-drive."""
 Ready = Callable[[RunRecord, Mapping[str, Any]], bool]
 """ready(run, completed): whether the claimed step is on the run's ready frontier."""
+Needs = Callable[[RunRecord, Mapping[str, Any]], "frozenset[str] | None"]
+"""needs(run, completed): the steps whose completion alone would make the claimed step ready
+(pal.plan.interpreter.Program.needs), or None."""
 Replay = Callable[[RunRecord, Mapping[str, Any]], Sequence[str]]
 """replay(run, completed): the steps a re-drive resumes."""

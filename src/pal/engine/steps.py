@@ -100,7 +100,8 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int,
     settings, journal = rt.settings, rt.journal
     claim = _once_more_if_disconnected(lambda: journal.claim_step(
         rt.fence(run_id, generation), step_id,
-        ready=lambda run, completed: rt.program_of(run).is_ready(completed, step_id)))
+        ready=lambda run, completed: rt.program_of(run).is_ready(completed, step_id),
+        needs=lambda run, completed: rt.program_of(run).needs(completed, step_id)))
     if claim.outcome is ClaimOutcome.BACKOFF:
         # A re-drive reached a step that is waiting out its backoff: ring again when it is due
         # (a long wait is left to the sweep, at the lease's end).

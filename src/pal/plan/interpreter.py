@@ -164,6 +164,13 @@ class Program(Protocol):
         The claim refuses a message for any other step (docs/security.md)."""
         ...
 
+    def needs(self, completed: Mapping[str, Any], step_id: str) -> frozenset[str] | None:
+        """The steps, none in `completed`, whose completion alone would put `step_id` on the ready
+        frontier, whatever their outputs: the claim checks them on the server when its log is
+        behind (docs/architecture.md, "The step protocol"). None when no such set exists or is
+        known (the step is ready already, or waits on a choice, a loop, a decision)."""
+        ...
+
     def view(self, step_id: str, completed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
         """(outputs, loop): what the step's templates see as `nodes` and as `loop`."""
         ...
@@ -308,6 +315,28 @@ class GraphProgram:
         if state is not NodeState.READY:
             return False
         return self.graph.nodes[node_id].type != "loop" or step_id in self._loop_frontier(node_id, completed)
+
+    def needs(self, completed: Mapping[str, Any], step_id: str) -> frozenset[str] | None:
+        """See Program.needs. A graph node (not a loop) qualifies when each predecessor is resolved
+        or is a step that neither branches nor is gated: its completion then makes its edge live
+        whatever it outputs, and a resolved predecessor (completed, or skipped) stays so."""
+        node = self.graph.nodes.get(step_id)
+        if node is None or node.type == "loop" or step_id in completed:
+            return None
+        missing: set[str] = set()
+        known: dict[str, NodeState] = {}
+        try:
+            for edge in self.graph.incoming[step_id]:
+                state = node_state(self.graph, edge.source, completed, known)
+                if state is NodeState.COMPLETED or state is NodeState.SKIPPED:
+                    continue
+                source = self.graph.nodes[edge.source]
+                if source.kind.branches or "confidence" in source.data:
+                    return None  # its output picks the live edge
+                missing.add(edge.source)
+        except WalkTooFar:
+            return None
+        return frozenset(missing) or None
 
     def view(self, step_id: str, completed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
         outer = OnlyKeys(completed, self.graph.nodes)

@@ -113,6 +113,9 @@ class LlmProgram:
     def is_ready(self, completed: Mapping[str, Any], step_id: str) -> bool:
         return step_id in self._state(completed).dispatch
 
+    def needs(self, completed: Mapping[str, Any], step_id: str) -> frozenset[str] | None:
+        return None  # a turn's steps follow from the model's reply, not from completions alone
+
     def view(self, step_id: str, completed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
         return completed, None
 

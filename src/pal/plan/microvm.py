@@ -46,6 +46,9 @@ class MicroVmProgram:
     def is_ready(self, completed: Mapping[str, Any], step_id: str) -> bool:
         return False  # a doorbell never starts a workload's step
 
+    def needs(self, completed: Mapping[str, Any], step_id: str) -> frozenset[str] | None:
+        return None
+
     def view(self, step_id: str, completed: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
         return {}, None
 

@@ -43,8 +43,9 @@ _LOG_SINCE = (
     .order_by(journal_events.c.seq)
 )
 
-# Rows of the step functions (migrations 0005 and 0006) that mark an outcome instead of an event.
-FENCED_OUT, ALREADY_COMPLETED, STARTED, DUPLICATE = -1, -2, -3, -4
+# Rows of the step functions (migrations 0005 and 0006) that mark an outcome instead of an event;
+# REFUSED: a claim fenced out or missing a step it needs (pal_claim_step_after, migration 0019).
+FENCED_OUT, ALREADY_COMPLETED, STARTED, DUPLICATE, REFUSED = -1, -2, -3, -4, -5
 
 
 class EventRow(NamedTuple):

@@ -16,9 +16,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from pal.core import retry
-from pal.core.records import Claim, ClaimOutcome, Fence, Frontier, Handoff, Plan, Ready, Usage
+from pal.core.records import Claim, ClaimOutcome, Fence, Frontier, Handoff, Needs, Plan, Ready, Usage
+from pal.core.step_log import StepLog
 from pal.core.views import WithOne
 from pal.core.vocabulary import TERMINAL_STATUSES, EventKind, RunStatus
+from pal.errors import journal_error
 from pal.storage.base import (
     ALREADY_COMPLETED,
     DUPLICATE,
@@ -33,8 +35,9 @@ from pal.storage.primitives import Primitives
 from pal.storage.schema import runs
 
 _READ_LOG = FunctionCall.of("pal_read_log", ("text", "integer", "bigint"))
-_CLAIM_STEP = FunctionCall.of("pal_claim_step", (
-    "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz", "boolean"))
+_CLAIM_STEP = FunctionCall.of("pal_claim_step_after", (
+    "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz", "boolean",
+    "text[]"))
 _COMPLETE_STEP = FunctionCall.of("pal_complete_step", (
     "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz"))
 
@@ -44,13 +47,15 @@ class _NotReady(Exception):
 
 
 class StepStore(Primitives):
-    def claim_step(self, fence: Fence, step_id: str, *, ready: Ready | None = None) -> Claim:
+    def claim_step(self, fence: Fence, step_id: str, *, ready: Ready | None = None,
+                   needs: Needs | None = None) -> Claim:
         """Step protocol, phase 1: fence on the lease and append `step_started`.
 
         A step that is not on the run's ready frontier (`ready`) is refused with nothing written:
-        a message is a doorbell, it cannot start a step the journal has not made ready."""
+        a message is a doorbell, it cannot start a step the journal has not made ready. `needs`
+        lets a one-call claim whose log is behind have Postgres check the missing completions."""
         if self.calls is not None:
-            claim = self._claim_in_one_call(self.calls, fence, step_id, ready)
+            claim = self._claim_in_one_call(self.calls, fence, step_id, ready, needs)
             if claim is not None:
                 return claim
         try:
@@ -90,8 +95,9 @@ class StepStore(Primitives):
         return Claim(ClaimOutcome.RUN, run, attempt, log.outputs, log=log)
 
     def _claim_in_one_call(self, calls: AutocommitCalls, fence: Fence, step_id: str,
-                           ready: Ready | None) -> Claim | None:
-        """Postgres: the usual claim as one autocommit call of `pal_claim_step` (migration 0006).
+                           ready: Ready | None, needs: Needs | None) -> Claim | None:
+        """Postgres: the usual claim as one autocommit call of `pal_claim_step_after` (migrations
+        0006 and 0019).
 
         The attempt is predicted from this process's step log; the function starts it only if no
         newer event concerns the step, so the prediction is what `claim_step`'s transaction would
@@ -102,18 +108,19 @@ class StepStore(Primitives):
         run, known = self._claimed_runs.get(run_id), self._known_log(run_id)
         if run is None or step_id in known.outputs or step_id in known.waited:
             return None
+        needed: frozenset[str] | None = None
         if ready is not None and not ready(run, known.outputs):
-            # Usually this process's log is only behind (another process completed the step's
-            # predecessor): read what came after it in one more autocommit call, which writes
-            # nothing, then decide on the fresh log.
-            rows = [EventRow(*row) for row in calls.rows(_READ_LOG, (run_id, fence.generation, known.seq))]
-            if rows and rows[0].seq == FENCED_OUT:
-                return None  # stale or over: the transaction says which
-            if rows:
-                known = known.extended(rows)
-                self._remember(run_id, known)  # the call has committed
-            if step_id in known.outputs or step_id in known.waited or not ready(run, known.outputs):
-                return None  # the transaction decides, and refuses a step that is not ready
+            # Usually this process's log is only behind: another process completed the step's
+            # predecessor. When the plan names the completions that would make the step ready,
+            # the claim itself checks them (`pal_claim_step_after`); otherwise read what came
+            # after the log in one more autocommit call, which writes nothing, and decide on it.
+            needed = needs(run, known.outputs) if needs is not None else None
+            if needed is None:
+                fresh = self._read_ahead(calls, fence, known)
+                if fresh is None or step_id in fresh.outputs or step_id in fresh.waited \
+                        or not ready(run, fresh.outputs):
+                    return None  # the transaction decides, and refuses a step that is not ready
+                known = fresh
         due = known.backoff_due(step_id)
         if due is not None and due > fence.now:
             return None
@@ -121,17 +128,32 @@ class StepStore(Primitives):
         payload = json.dumps({"attempt": attempt, "worker": fence.worker_id})
         rows = [EventRow(*row) for row in calls.rows(_CLAIM_STEP, (
             run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq,
-            step_id, attempt, payload, fence.now, not known.outputs))]
+            step_id, attempt, payload, fence.now, not known.outputs, sorted(needed) if needed else None))]
         marker = rows[-1].seq if rows and rows[-1].seq < 0 else None
         events = rows[:-1] if marker is not None else rows
         log = known.extended(events) if events else known
         if events:
             self._remember(run_id, log)  # the call has committed
         if marker == STARTED:
+            if needed is not None and ready is not None and not ready(run, log.outputs):
+                # Cannot happen while Program.needs is right; if it does, the step must not run.
+                raise journal_error(f"step {step_id!r} of run {run_id!r} was claimed on completions "
+                                    f"{sorted(needed)} that do not make it ready")
             return Claim(ClaimOutcome.RUN, run, attempt, log.outputs, log=log)
         if marker == DUPLICATE:
             return Claim(ClaimOutcome.DUPLICATE, run)
-        return None
+        return None  # REFUSED, or newer events concern the step: the transaction decides
+
+    def _read_ahead(self, calls: AutocommitCalls, fence: Fence, known: StepLog) -> StepLog | None:
+        """`known` with the run's events after it (one autocommit call that writes nothing); None
+        when the fence no longer holds."""
+        rows = [EventRow(*row) for row in calls.rows(_READ_LOG, (fence.run_id, fence.generation, known.seq))]
+        if rows and rows[0].seq == FENCED_OUT:
+            return None  # stale or over: the transaction says which
+        if rows:
+            known = known.extended(rows)
+            self._remember(fence.run_id, known)  # the call has committed
+        return known
 
     def renew_lease(self, fence: Fence) -> bool:
         """Heartbeat: extend the lease if this generation still holds it."""

@@ -2,7 +2,10 @@
 --
 -- pal_claim_fence, pal_complete_fence, pal_start_step: the step protocol's fenced reads and its
 -- start (migration 0005); pal_claim_step, pal_complete_step: a step's usual claim and completion
--- as one autocommit statement each (migration 0006); pal_read_log: the step log a one-call claim
+-- as one autocommit statement each (migration 0006); pal_claim_step_after: that claim, which also
+-- checks that the steps the caller's log has not seen complete did complete (migration 0019: a
+-- worker whose log is behind claims without reading the log first; pal_claim_step is now the
+-- same claim with nothing to check); pal_read_log: the step log a one-call claim
 -- reads, writing nothing, before it decides a step is ready (migration 0009; approval_decided is a
 -- step-log kind since migration 0012, it resumes a budget pause; confidence_evaluated since 0013,
 -- a re-drive reads the gate's score back); pal_journal_notify:
@@ -94,7 +97,7 @@ AS $function$
         END $function$;
 -- end
 
-CREATE OR REPLACE FUNCTION pal_claim_step(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone, p_first boolean)
+CREATE OR REPLACE FUNCTION pal_claim_step_after(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone, p_first boolean, p_needs text[])
  RETURNS TABLE(seq bigint, step_id text, kind text, payload jsonb)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -103,10 +106,24 @@ AS $function$
         DECLARE
             v_seq bigint;
         BEGIN
-
+            -- p_needs: steps the caller's log has not seen complete, whose completion alone puts
+            -- p_step on the ready frontier. The fence is taken only if each has its
+            -- step_completed (one probe of uq_journal_step_completed per step, inside the
+            -- fence's own statement: no statement more); otherwise nothing is written and the
+            -- lease is untouched. A completion is never undone, and the message that asks for
+            -- this step was sent after the completion it follows had committed.
             UPDATE run_locks SET expires_at = p_expires, worker_id = p_worker, redeliver_at = NULL
-             WHERE run_locks.run_id = p_run AND run_locks.generation = p_generation;
+             WHERE run_locks.run_id = p_run AND run_locks.generation = p_generation
+               AND (p_needs IS NULL OR NOT EXISTS (
+                      SELECT 1 FROM unnest(p_needs) AS needed(step_id)
+                       WHERE NOT EXISTS (SELECT 1 FROM journal_events e
+                                          WHERE e.run_id = p_run AND e.step_id = needed.step_id
+                                            AND e.kind = 'step_completed')));
             IF NOT FOUND THEN
+                IF p_needs IS NOT NULL THEN  -- fenced out, or a needed step not complete
+                    RETURN QUERY SELECT -5::bigint, NULL::text, 'refused'::text, NULL::jsonb;
+                    RETURN;
+                END IF;
                 RETURN QUERY SELECT -1::bigint, NULL::text, 'fenced_out'::text, NULL::jsonb;
                 RETURN;
             END IF;
@@ -136,6 +153,17 @@ AS $function$
             END IF;
             RETURN QUERY SELECT -3::bigint, NULL::text, 'started'::text, NULL::jsonb;
         END $function$;
+-- end
+
+CREATE OR REPLACE FUNCTION pal_claim_step(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone, p_first boolean)
+ RETURNS TABLE(seq bigint, step_id text, kind text, payload jsonb)
+ LANGUAGE sql
+AS $function$
+        -- The claim of workers that predate pal_claim_step_after (migration 0019), kept for a
+        -- rolling upgrade: the same claim, with nothing to wait for.
+        SELECT * FROM pal_claim_step_after(p_run, p_generation, p_worker, p_expires, p_after, p_step,
+                                           p_attempt, p_payload, p_at, p_first, NULL::text[]);
+$function$;
 -- end
 
 CREATE OR REPLACE FUNCTION pal_complete_step(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone)
