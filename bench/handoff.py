@@ -11,8 +11,10 @@ a scenario, per repetition, then the median of those:
   concurrent   K such runs at once (the hand-off under load)
   fanout       one run: trigger -> B parallel no-op nodes -> one join node (B = 200); its steps/s
                and the hand-offs of the B branches (all made ready by the trigger at once)
-Same settings as bench/throughput.py: a fresh schema, key prefix, queue and `pal worker`
-(2 prefork processes) per measurement, 127.0.0.1 only.
+Same settings as bench/throughput.py: a fresh schema, key prefix, queue and workers per
+measurement, 127.0.0.1 only; each scenario is measured with both of its PAL set-ups, one `pal worker`
+with 2 prefork processes, and 2 solo workers (whose steps take their successors' messages as they
+hand off, pal.workers.inline).
 """
 
 from __future__ import annotations
@@ -34,13 +36,14 @@ from bench.throughput import (  # noqa: E402
     CONCURRENCY,
     MEASURE_TIMEOUT,
     READY_TIMEOUT,
+    SOLO_WORKERS,
     Infra,
     _wait_terminal,
     bench_arguments,
     bench_schema,
     cleanup_on_signals,
     linear_graph,
-    start_process,
+    start_pal_workers,
     stop_process,
 )
 from pal.client import Client  # noqa: E402
@@ -82,12 +85,13 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def measure(infra: Infra, tmp: Path, graph: dict[str, Any], runs: int) -> dict[str, float]:
+SETUPS = {"prefork": f"PAL prefork, {CONCURRENCY} processes", "solo": f"PAL {SOLO_WORKERS} solo workers"}
+
+
+def measure(infra: Infra, tmp: Path, graph: dict[str, Any], runs: int, setup: str) -> dict[str, float]:
     """One measurement: steps/s and hand-off p50/p99 (ms) of `runs` runs of `graph` started at once."""
     with bench_schema(infra, "handoff", tmp) as (schema, settings, env):
-        log = tmp / schema / "worker.log"
-        worker = start_process([sys.executable, "-m", "pal.cli", "worker", "--concurrency", str(CONCURRENCY),
-                                "--loglevel", "WARNING"], env, log)
+        workers = start_pal_workers(env, tmp / schema / "worker.log", solo=setup == "solo")
         client = Client(settings)
         try:
             _wait_terminal(client, [client.start_run(linear_graph(2)) for _ in range(4)], READY_TIMEOUT)
@@ -101,7 +105,8 @@ def measure(infra: Infra, tmp: Path, graph: dict[str, Any], runs: int) -> dict[s
         finally:
             client.runtime.journal.engine.dispose()
             client.close()
-            stop_process(worker)
+            for worker in workers:
+                stop_process(worker)
     steps = sum(1 for j in journals for e in j if e.kind == "step_completed")
     latencies = [ms for j in journals for ms in handoffs_ms(graph, j)]
     return {"steps_per_s": steps / (end - t0), "p50_ms": percentile(latencies, 0.5),
@@ -114,25 +119,28 @@ def main(argv: list[str] | None = None) -> int:
         "linear": (1, 300), "concurrent": (20, 100), "fanout": (1, FANOUT_BRANCHES)}
     graphs = {"linear": linear_graph(sizes["linear"][1]), "concurrent": linear_graph(sizes["concurrent"][1]),
               "fanout": fanout_graph(sizes["fanout"][1])}
-    samples: dict[str, list[dict[str, float]]] = {name: [] for name in graphs}
+    samples: dict[str, list[dict[str, float]]] = {
+        f"{name}/{setup}": [] for name in graphs for setup in SETUPS}
     infra = Infra()
     infra.check()
     with cleanup_on_signals(), tempfile.TemporaryDirectory(prefix="palbench-") as tmp_name:
         try:
             for rep in range(1, reps + 1):
                 for name, graph in graphs.items():
-                    m = measure(infra, Path(tmp_name), graph, sizes[name][0])
-                    samples[name].append(m)
-                    print(f"rep {rep}/{reps} {name:<11} {m['steps_per_s']:7.1f} steps/s  hand-off p50 "
-                          f"{m['p50_ms']:6.2f} ms  p99 {m['p99_ms']:7.2f} ms  ({m['handoffs']:.0f})",
-                          flush=True)
+                    for setup in SETUPS:
+                        m = measure(infra, Path(tmp_name), graph, sizes[name][0], setup)
+                        samples[f"{name}/{setup}"].append(m)
+                        print(f"rep {rep}/{reps} {name:<11} {setup:<8} {m['steps_per_s']:7.1f} steps/s  "
+                              f"hand-off p50 {m['p50_ms']:6.2f} ms  p99 {m['p99_ms']:7.2f} ms  "
+                              f"({m['handoffs']:.0f})", flush=True)
         finally:
             infra.close()
     keys = ("steps_per_s", "p50_ms", "p99_ms")
-    table = [{"scenario": f"{name} ({sizes[name][0]}x{sizes[name][1]})",
-              **{k: statistics.median(s[k] for s in samples[name]) for k in keys}} for name in graphs]
+    table = [{"scenario": f"{name} ({sizes[name][0]}x{sizes[name][1]}), {SETUPS[setup]}",
+              **{k: statistics.median(s[k] for s in samples[f"{name}/{setup}"]) for k in keys}}
+             for name in graphs for setup in SETUPS]
     for row in table:
-        print(f"{row['scenario']:<22} {row['steps_per_s']:8.1f} steps/s  hand-off p50 {row['p50_ms']:6.2f} ms"
+        print(f"{row['scenario']:<48} {row['steps_per_s']:8.1f} steps/s  hand-off p50 {row['p50_ms']:6.2f} ms"
               f"  p99 {row['p99_ms']:7.2f} ms")
     if args.json:
         args.json.write_text(json.dumps({"table": table, "samples": samples}, indent=2))

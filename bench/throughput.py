@@ -261,16 +261,8 @@ def measure_pal(infra: Infra, scenario: Scenario, tmp: Path, extra_env: dict[str
     """One PAL measurement: fresh schema, prefix, queue and `pal worker` (with `extra_env` on top
     of its settings; `solo`: SOLO_WORKERS solo workers instead); all removed after."""
     with bench_schema(infra, "pal", tmp) as (schema, settings, env):
-        env = env | (extra_env or {})
         log = tmp / schema / "worker.log"
-        if solo:
-            pool, count = ["--pool", "solo"], SOLO_WORKERS
-        else:
-            pool = os.environ.get("BENCH_PAL_WORKER_ARGS", f"--concurrency {CONCURRENCY}").split()
-            count = int(os.environ.get("BENCH_PAL_WORKERS", "1"))
-        workers = [start_process([sys.executable, "-m", "pal.cli", "worker", *pool, "--loglevel", "WARNING",
-                                  "--hostname", f"pal{i}@%h"], env, log.with_suffix(f".{i}.log"))
-                   for i in range(count)]
+        workers = start_pal_workers(env | (extra_env or {}), log, solo=solo)
         client = Client(settings)
         try:
             return _timed_runs(client, scenario, log.with_suffix(".0.log"), *(w.pid for w in workers))
@@ -279,6 +271,19 @@ def measure_pal(infra: Infra, scenario: Scenario, tmp: Path, extra_env: dict[str
             client.close()
             for worker in workers:
                 stop_process(worker)
+
+
+def start_pal_workers(env: dict[str, str], log: Path, *, solo: bool) -> list[subprocess.Popen[bytes]]:
+    """The measured `pal worker` processes, logging to `log` with .0, .1, ... suffixes: SOLO_WORKERS
+    solo workers, or one prefork worker (BENCH_PAL_WORKER_ARGS and BENCH_PAL_WORKERS override)."""
+    if solo:
+        pool, count = ["--pool", "solo"], SOLO_WORKERS
+    else:
+        pool = os.environ.get("BENCH_PAL_WORKER_ARGS", f"--concurrency {CONCURRENCY}").split()
+        count = int(os.environ.get("BENCH_PAL_WORKERS", "1"))
+    return [start_process([sys.executable, "-m", "pal.cli", "worker", *pool, "--loglevel", "WARNING",
+                           "--hostname", f"pal{i}@%h"], env, log.with_suffix(f".{i}.log"))
+            for i in range(count)]
 
 
 def _timed_runs(client: Client, scenario: Scenario, log: Path, *worker_pids: int) -> Measurement:
