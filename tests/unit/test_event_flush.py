@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pal.workers.consumer import EVENT_BUFFER_LIMIT, EVENT_FLUSH_DELAY, Consumer
+from pal.workers.consumer import EVENT_FLUSH_DELAY, Consumer
 
 
 class Timer:
@@ -74,12 +74,3 @@ def test_a_stale_timer_waits_out_the_rest_for_younger_events(consumer: Consumer)
     callback()
     assert [len(batch) for batch in consumer.event_dispatcher.flushed] == [1, 1]
 
-
-
-def test_the_dispatcher_holds_up_to_the_consumers_buffer_limit(consumer: Consumer) -> None:
-    """Celery's events bootstep makes the dispatcher with a limit of 24; the consumer raises it to
-    EVENT_BUFFER_LIMIT on the first buffered event."""
-    consumer.event_dispatcher.buffer_limit = 24
-    consumer.event_dispatcher.add(age=0.0)
-    consumer.on_send_event_buffered()
-    assert consumer.event_dispatcher.buffer_limit == EVENT_BUFFER_LIMIT == 96

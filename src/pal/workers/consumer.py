@@ -4,11 +4,9 @@ A worker's main process sends three task events per message it runs (received, s
 succeeded) for Flower. Celery buffers them and flushes the buffer on the event loop's next turn,
 so under PAL's one-message-per-node load nearly every event leaves alone: a publish's CPU and a
 Redis round trip during which the loop receives and dispatches nothing.
-This consumer flushes at most every `EVENT_FLUSH_DELAY` seconds instead (and at once whenever
-`EVENT_BUFFER_LIMIT` events are waiting): Flower sees each event up to that much later, and the
-main process's work per message drops (docs/benchmarks.md has the figures). The limit is 96, not
-Celery's 24: a solo worker's chain of 32 steps (pal.workers.inline) makes 96 events, and a
-publish of 24 cost it a tenth of its time. It flushes what is left before the
+This consumer flushes at most every `EVENT_FLUSH_DELAY` seconds instead (and at once whenever 24
+events are waiting, Celery's buffer limit): Flower sees each event up to that much later, and the
+main process's work per message drops (docs/benchmarks.md has the figures). It flushes what is left before the
 consumer stops, so a worker's last events are not lost on a warm shutdown.
 
 A flush of a full buffer can leave the timer of an earlier event pending; when it fires, the
@@ -24,7 +22,6 @@ from typing import Any
 from celery.worker.consumer import Consumer as CeleryConsumer
 
 EVENT_FLUSH_DELAY = 0.1  # seconds; short next to what a person watching Flower can notice
-EVENT_BUFFER_LIMIT = 96  # events that are flushed at once, in one message (about 30 KB)
 
 
 class Consumer(CeleryConsumer):  # type: ignore[misc]
@@ -33,9 +30,6 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
     def on_send_event_buffered(self) -> None:
         if not self.hub:
             return
-        dispatcher = self.event_dispatcher  # Celery's events bootstep makes it with a limit of 24
-        if getattr(dispatcher, "buffer_limit", None) != EVENT_BUFFER_LIMIT:
-            dispatcher.buffer_limit = EVENT_BUFFER_LIMIT
         if not self._event_flush_due:
             self._event_flush_due = True
             self.hub.call_later(EVENT_FLUSH_DELAY, self._flush_due_events)
