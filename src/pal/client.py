@@ -127,6 +127,8 @@ class Client:
     def close(self) -> None:
         """Release the broker connection and the journal's pooled connections (the engine
         stays usable; it reconnects on demand)."""
+        if self.app.node_publisher is not None:
+            self.app.node_publisher.close()
         self.app.close()
         if "journal" in self.runtime.__dict__:
             self.runtime.journal.engine.dispose()

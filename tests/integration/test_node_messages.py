@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import time
 from typing import Any
 
 import pytest
 import redis
 
+from pal.client import Client
 from pal.workers.app import create_app
 from pal.workers.node_messages import NodePublisher
 from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
@@ -160,3 +162,43 @@ def test_a_take_pops_the_oldest_message_with_the_publish_and_nothing_past_its_de
     with publisher.taking_next() as taken:
         pass  # nothing published: nothing taken
     assert taken == [] and _queued(redis_client, postgres_backend) == []
+
+
+def test_a_forked_child_publishes_on_its_own_connection(postgres_backend: Backend,
+                                                       redis_client: redis.Redis) -> None:
+    """A prefork pool process inherits its parent's publisher: it must open its own wire, never
+    write on its parent's socket, and the parent's wire must still work after the child exits."""
+    app = create_app(postgres_backend.settings)
+    publisher = app.node_publisher
+    assert isinstance(publisher, NodePublisher)
+    publisher.publish(["run_f", "parent-before", 1, "sig"])
+    parent_wire = publisher._wire_of_process()
+    parent_port = parent_wire.redis._sock.getsockname()[1]
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit code only
+        code = 1
+        try:
+            publisher.publish(["run_f", "child", 1, "sig"])
+            child_wire = publisher._wire_of_process()
+            ok = child_wire is not parent_wire and child_wire.redis._sock.getsockname()[1] != parent_port
+            code = 0 if ok and publisher.sent == 2 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    publisher.publish(["run_f", "parent-after", 1, "sig"])  # the parent's socket was left alone
+    assert publisher._wire_of_process() is parent_wire
+    assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == [
+        "parent-before", "child", "parent-after"]
+
+
+def test_closing_the_client_closes_the_publishers_connection(postgres_backend: Backend) -> None:
+    client = Client(postgres_backend.settings)
+    client.runtime.publish("run_c", "s1", 1)
+    publisher = client.app.node_publisher
+    assert publisher is not None
+    wire = publisher._wire_of_process()
+    assert wire.redis._sock is not None
+    client.close()
+    assert wire.closed and wire.redis._sock is None
+    assert publisher._wire is None  # a later publish opens a new one

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
@@ -97,3 +98,40 @@ def test_growing_outputs_extended_from_threads_lose_nothing() -> None:
     assert dict(base) == {"start": 0}
     for name in ("p", "q"):
         assert dict(results[name]) == {"start": 0} | {f"{name}{i}": i for i in range(200)}
+
+
+def test_a_view_is_read_while_another_thread_appends_to_its_record() -> None:
+    """Reading (and copying) an older view while the newest one's record grows never fails: a
+    dict walked while it grows would raise 'dictionary changed size during iteration'."""
+    old = GrowingOutputs().added({f"k{i}": i for i in range(50)})
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def append() -> None:
+        view = old
+        for i in range(20_000):
+            if stop.is_set():
+                return
+            view = view.added({f"new{i}": i})
+
+    def read() -> None:
+        try:
+            for _ in range(300):
+                assert list(old) == [f"k{i}" for i in range(50)]
+                assert dict(old.added({"k0": -1}))["k0"] == -1  # an older view's copy walks it too
+        except BaseException as exc:  # the test reports what the reader met
+            failures.append(exc)
+        finally:
+            stop.set()
+
+    writer, reader = threading.Thread(target=append), threading.Thread(target=read)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can: races show
+    try:
+        writer.start()
+        reader.start()
+        reader.join()
+        writer.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert failures == []

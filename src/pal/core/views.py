@@ -6,7 +6,6 @@ on every step made a run of n steps cost O(n²) (a 10,000-step run copied 10,000
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Container, Iterator, Mapping
 from typing import Any
@@ -70,7 +69,9 @@ class GrowingOutputs(Mapping[str, Any]):
 
     `added` is this view plus new entries. It appends to the shared record only when this view
     is its latest one and every key is new; otherwise (an older log extended again, a key that
-    reappears) it copies, so no view ever sees its entries change."""
+    reappears) it copies, so no view ever sees its entries change. A view is read while other
+    threads may append to its record: it walks the record's list of keys by position (appending
+    to a list never disturbs that), never the dict, which may not change size during a walk."""
 
     __slots__ = ("_record", "_size")
 
@@ -89,7 +90,8 @@ class GrowingOutputs(Mapping[str, Any]):
         return entry is not None and entry[0] < self._size
 
     def __iter__(self) -> Iterator[str]:
-        return itertools.islice(self._record.entries, self._size)  # a dict keeps insertion order
+        keys = self._record.keys
+        return (keys[i] for i in range(self._size))
 
     def __len__(self) -> int:
         return self._size
@@ -100,19 +102,24 @@ class GrowingOutputs(Mapping[str, Any]):
             return self
         with record.lock:
             entries = record.entries
-            if len(entries) == self._size and not any(key in entries for key in new):
+            if len(record.keys) == self._size and not any(key in entries for key in new):
                 for key, value in new.items():
-                    entries[key] = (len(entries), value)
-                return GrowingOutputs(record, len(entries))
-        merged = dict(self.items()) | dict(new)
+                    entries[key] = (len(record.keys), value)
+                    record.keys.append(key)
+                return GrowingOutputs(record, len(record.keys))
+        merged = {key: self[key] for key in self}  # a dict of this thread's own: safe to walk
+        merged.update(new)
         fresh = _Record()
-        fresh.entries.update((key, (i, value)) for i, (key, value) in enumerate(merged.items()))
-        return GrowingOutputs(fresh, len(merged))
+        for key, value in merged.items():
+            fresh.entries[key] = (len(fresh.keys), value)
+            fresh.keys.append(key)
+        return GrowingOutputs(fresh, len(fresh.keys))
 
 
 class _Record:
-    __slots__ = ("entries", "lock")
+    __slots__ = ("entries", "keys", "lock")
 
     def __init__(self) -> None:
-        self.entries: dict[str, tuple[int, Any]] = {}  # key -> (its position, its value)
+        self.entries: dict[str, tuple[int, Any]] = {}  # key -> (its position in keys, its value)
+        self.keys: list[str] = []  # in the order they were added
         self.lock = threading.Lock()  # logs of one run may be extended from several threads

@@ -136,7 +136,8 @@ class StepStore(Primitives):
             self._remember(run_id, log)  # the call has committed
         if marker == STARTED:
             if needed is not None and ready is not None and not ready(run, log.outputs):
-                # Cannot happen while Program.needs is right; if it does, the step must not run.
+                # Cannot happen while Program.needs is right. If it does, the start is already
+                # committed: the step must not run, and it stays started until its lease lapses.
                 raise journal_error(f"step {step_id!r} of run {run_id!r} was claimed on completions "
                                     f"{sorted(needed)} that do not make it ready")
             return Claim(ClaimOutcome.RUN, run, attempt, log.outputs, log=log)

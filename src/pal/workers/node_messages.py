@@ -25,7 +25,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -56,6 +57,7 @@ class NodePublisher:
         self._held = threading.local()  # args: the messages of this thread's open batch, if any
         self._wire: BrokerWire | None = None  # this process's connection (_wire_of_process)
         self._wire_lock = threading.Lock()
+        os.register_at_fork(after_in_child=_after_fork_of(weakref.ref(self)))
 
     @contextmanager
     def taking_next(self, until: float = float("inf")) -> Iterator[list[bytes]]:
@@ -123,11 +125,32 @@ class NodePublisher:
         try:
             replies = wire.transaction(commands)
         except BaseException:
-            self._wire = None  # the next send connects afresh
-            wire.close()
+            self._drop(wire)  # the next send connects afresh
             raise
-        if taken is not None and replies[-1] is not None:
-            taken.append(replies[-1])
+        if taken is not None and isinstance(replies[-1], bytes):
+            taken.append(replies[-1])  # taken even if another command failed: EXEC ran the RPOP
+        failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
+        if failed is not None:
+            raise failed
+
+    def _drop(self, wire: BrokerWire) -> None:
+        """Forget and close a wire that failed, unless another thread has already replaced it."""
+        with self._wire_lock:
+            if self._wire is wire:
+                self._wire = None
+        wire.close()
+
+    def close(self) -> None:
+        """Close this process's wire (a Client's close; the next send opens a new one)."""
+        wire = self._wire
+        if wire is not None:
+            self._drop(wire)
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's lock may have been held by one of its threads at the fork, and its wire is
+        # the parent's socket: the child starts with neither.
+        self._wire_lock = threading.Lock()
+        self._wire = None
 
     def _wire_of_process(self) -> BrokerWire:
         """This process's connection for the fast path: made on first use, and again in a forked
@@ -182,6 +205,10 @@ class BrokerWire:
         try:
             channel = self.channel = self.connection.default_channel
             prefix = channel.global_keyprefix
+            # What kombu's `_put` would vary per message is fixed here, as PAL's queue is set up:
+            # priority 0 (no priority queues), no `x-expires` on the queue (no PEXPIRE), no ETA
+            # or expiry in the headers (those go through send_task). A queue set up otherwise
+            # needs this wire to follow.
             priority = channel._get_message_priority({"properties": {"priority": 0}}, reverse=False)
             self.queue_key = prefix + channel._q_for_pri(queue, priority)
             dispatcher = app.amqp._event_dispatcher
@@ -195,6 +222,7 @@ class BrokerWire:
             pool = channel.pool
             self.redis = pool.connection_class(**pool.connection_kwargs)
             self._lock = threading.Lock()
+            self.closed = False
         except BaseException:
             self.connection.release()
             raise
@@ -208,10 +236,13 @@ class BrokerWire:
         return json.dumps(message)
 
     def transaction(self, commands: list[tuple[str, ...]]) -> list[Any]:
-        """Run `commands` in one MULTI/EXEC and return their replies. A failed or refused command
-        raises, and the connection, whose state is then unknown, is closed."""
-        connection = self.redis
+        """Run `commands` in one MULTI/EXEC and return their replies, a command's error as an
+        exception object in its place (EXEC ran the others). A command Redis refuses to queue, or a
+        lost connection, raises, and the connection, whose state is then unknown, is closed."""
         with self._lock:  # threads of one process (an API server's) share the wire
+            if self.closed:  # dropped by another thread: do not reconnect a wire nobody will close
+                raise redis.ConnectionError("the broker wire was closed")
+            connection = self.redis
             try:
                 connection.send_packed_command(connection.pack_commands([("MULTI",), *commands, ("EXEC",)]))
                 for _ in range(len(commands) + 1):  # MULTI's OK, then one QUEUED per command
@@ -222,12 +253,22 @@ class BrokerWire:
                 raise
         if not isinstance(replies, list) or len(replies) != len(commands):
             raise redis.ResponseError(f"EXEC replied {replies!r:.200}")
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
         return replies
 
     def close(self) -> None:
-        if self.pid == os.getpid():
-            self.redis.disconnect()
-            self.connection.release()
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            if self.pid == os.getpid():  # a forked child must not close its parent's sockets
+                self.redis.disconnect()
+                self.connection.release()
+
+
+def _after_fork_of(ref: weakref.ref[NodePublisher]) -> Callable[[], None]:
+    """A fork hook that does not keep the publisher alive (hooks cannot be unregistered)."""
+    def after_fork_in_child() -> None:
+        publisher = ref()
+        if publisher is not None:
+            publisher._after_fork_in_child()
+    return after_fork_in_child
