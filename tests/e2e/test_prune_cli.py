@@ -151,9 +151,15 @@ def test_a_run_in_flight_under_a_worker_is_untouched_by_a_concurrent_prune(
     cli.worker("w1")
     client = Client(backend.settings)
     try:
-        run_id = client.start_run(linear(tmp_path / "calls.log", 30), run_id="busy")
+        graph = linear(tmp_path / "calls.log", 30)
+        # One step naps, so that the run is still in flight while the prune runs: a solo worker
+        # runs 30 quick steps in less time than a poll takes to see the run running.
+        nap = next(node for node in graph["nodes"] if node["id"] == "s15")
+        nap["data"] = {"tool": "nap", "args": {"seconds": 4}}
+        run_id = client.start_run(graph, run_id="busy")
         cutoff = datetime.now(UTC).isoformat()  # the busy run finishes after it: never pruned
         assert wait_until(lambda: client.get_run(run_id).status == "running", timeout=60)
+        assert client.get_run(run_id).status == "running"  # in flight as the prune starts: s15 naps
         prune = subprocess.Popen([sys.executable, "-m", "pal.cli", "runs", "prune", "--finished-before", cutoff,
                                   "--batch", "1"], env=cli.env(), stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
