@@ -43,9 +43,10 @@ _LOG_SINCE = (
     .order_by(journal_events.c.seq)
 )
 
-# Rows of the step functions (migrations 0005 and 0006) that mark an outcome instead of an event;
-# REFUSED: a claim fenced out or missing a step it needs (pal_claim_step_after, migration 0019).
-FENCED_OUT, ALREADY_COMPLETED, STARTED, DUPLICATE, REFUSED = -1, -2, -3, -4, -5
+# Rows of the step functions (migrations 0005 and 0006) that mark an outcome instead of an event.
+# (pal_claim_step_after's -5, "refused": fenced out or a needed step not complete, migration 0019;
+# the caller then decides in a transaction, as for any marker it does not name here.)
+FENCED_OUT, ALREADY_COMPLETED, STARTED, DUPLICATE = -1, -2, -3, -4
 
 
 class EventRow(NamedTuple):

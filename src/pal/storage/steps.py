@@ -143,7 +143,7 @@ class StepStore(Primitives):
             return Claim(ClaimOutcome.RUN, run, attempt, log.outputs, log=log)
         if marker == DUPLICATE:
             return Claim(ClaimOutcome.DUPLICATE, run)
-        return None  # REFUSED, or newer events concern the step: the transaction decides
+        return None  # refused (-5), or newer events concern the step: the transaction decides
 
     def _read_ahead(self, calls: AutocommitCalls, fence: Fence, known: StepLog) -> StepLog | None:
         """`known` with the run's events after it (one autocommit call that writes nothing); None

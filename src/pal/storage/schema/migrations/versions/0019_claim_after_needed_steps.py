@@ -4,11 +4,11 @@ caller's log has not seen complete did complete.
 A worker's step log is behind when another worker completed the step's predecessor (two solo
 workers share the runs of a busy queue). The claim used to read the log first (`pal_read_log`, one
 more round trip) to see that the step is ready. Now the plan names the steps whose completion
-alone makes it ready (`Program.needs`), and the claim checks them on the server before it fences:
-missing ones refuse the claim with nothing written. `pal_claim_step` stays, as that claim with
-nothing to check, for workers that predate this migration during a rolling upgrade
-(docs/architecture.md, "The step protocol"). Loads pal/storage/sql/functions.sql as migration 0009
-explains.
+alone makes it ready (`Program.needs`), and the statement that takes the fence checks them: a
+missing one refuses the claim with nothing written and the lease untouched. `pal_claim_step`
+stays, as that claim with nothing to check, for workers that predate this migration during a
+rolling upgrade (docs/architecture.md, "The step protocol"). Loads pal/storage/sql/functions.sql
+as migration 0009 explains.
 
 Revision ID: 0019
 Revises: 0018
