@@ -1,10 +1,13 @@
 """A solo `pal worker` runs `pal.execute_node` inline (pal.workers.inline): Flower still sees every
 step as a task, the doorbell is taken at most once (no copy in kombu's `unacked` hash, which a
-prefork worker still writes), a worker killed mid-step is recovered by the sweep, and hostile
-messages are refused without stopping the worker. docs/architecture.md, "Delivery"."""
+prefork worker still writes), the successor whose message the worker takes back is claimed by the
+completion before it, a worker killed mid-step or right after such a completion is recovered by
+the sweep, and hostile messages are refused without stopping the worker. docs/architecture.md,
+"Delivery"."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -17,6 +20,7 @@ from typing import Any
 
 import pytest
 import redis
+import sqlalchemy as sa
 from kombu.utils.uuid import uuid
 
 from pal.cli.demo import wait_until
@@ -86,6 +90,17 @@ def unacked(redis_client: redis.Redis, backend: Backend) -> int:
     return int(redis_client.hlen(f"{backend.settings.broker_key_prefix}unacked"))
 
 
+def started_in_completions(client: Client, run_id: str) -> list[str]:
+    """The steps whose step_started is in the transaction of the step_completed just before it (one
+    xmin per transaction)."""
+    with client.runtime.journal.engine.connect() as conn:
+        rows = conn.execute(sa.text(
+            "SELECT xmin::text, kind, step_id FROM journal_events WHERE run_id = :r "
+            "AND kind IN ('step_started', 'step_completed') ORDER BY seq"), {"r": run_id}).all()
+    return [b[2] for a, b in itertools.pairwise(rows)
+            if a[1] == "step_completed" and b[1] == "step_started" and a[0] == b[0]]
+
+
 def test_a_solo_worker_runs_steps_inline_and_flower_sees_each_one(
         processes: Processes, postgres_backend: Backend, tmp_path: Path) -> None:
     client = Client(postgres_backend.settings)
@@ -111,6 +126,11 @@ def test_a_solo_worker_runs_steps_inline_and_flower_sees_each_one(
         assert e["root_id"] == roots[0]
         assert task_id == roots[0] or e["parent_id"] in received
     assert calls(counter) == ["s0", "s1", "s2"]
+    # Migration 0020: a successor's step_started is written by its predecessor's completion (at
+    # least once; every time, unless the chain broke), and the message taken back runs it.
+    assert started_in_completions(client, run_id)
+    assert [e.step_id for e in client.events(run_id) if e.kind == "step_started"] == [
+        "start", "s0", "s1", "s2", "out"]
     client.close()
 
 
@@ -213,4 +233,27 @@ def test_garbage_on_the_queue_is_dropped_and_the_worker_runs_on(
     assert worker.poll() is None
     assert (tmp_path / "w.log").read_text().count("was not a kombu message, dropped") + \
         (tmp_path / "w.log").read_text().count("a message taken from queue") == 4
+    client.close()
+
+
+def test_a_solo_worker_killed_after_claiming_its_successor_is_recovered(
+        processes: Processes, postgres_backend: Backend, tmp_path: Path) -> None:
+    """SIGKILL right after the completion that started s1 committed, before s1's message was
+    published: the lease lapses, the sweep re-drives s1 with the same attempt, it runs once."""
+    client = Client(postgres_backend.settings)
+    counter = tmp_path / "calls.log"
+    run_id = "claimed-then-killed"
+    doomed = processes.worker("doomed", PAL_FAULT_POINT=f"after_complete_commit:s0@{run_id}",
+                              PAL_FAULT_ONCE_FILE=str(tmp_path / "fired"))
+    client.start_run(linear(counter, 2), {}, run_id=run_id)
+    assert doomed.wait(60) == -signal.SIGKILL
+    assert "s1" in started_in_completions(client, run_id)  # s1 was claimed by s0's completion
+    processes.worker("fresh")
+    processes.beat()
+    assert client.wait(run_id, timeout=120).status == "succeeded"
+    events = client.events(run_id)
+    assert [(e.attempt, e.generation) for e in events if e.kind == "step_started" and e.step_id == "s1"] \
+        == [(1, 1), (1, 2)]
+    assert "run_recovered" in [e.kind for e in events]
+    assert calls(counter) == ["s0", "s1"]
     client.close()

@@ -178,7 +178,7 @@ def test_a_warm_step_is_one_call_to_claim_and_one_to_complete(postgres_backend: 
         a.deliver(a.outbox.pop(0))  # s0: this process now knows the run
         counted_calls = Counted(a.client)
         assert a.deliver(a.outbox.pop(0)) == "completed"  # s1
-        assert counted_calls.calls == ["pal_claim_step_after", "pal_complete_step"]
+        assert counted_calls.calls == ["pal_claim_step_after", "pal_complete_step_then"]
         assert counted_calls.transactions == 0
         assert started(a.client, run_id, "s1") == [1]
         assert [e.step_id for e in a.client.events(run_id) if e.kind == "step_completed"] == [
@@ -211,7 +211,7 @@ def test_a_process_whose_log_is_behind_claims_in_one_call(two_on_postgres: tuple
     assert b.deliver(a.outbox.pop(0)) == "completed"  # s1 on B
     counted_calls = Counted(a.client)
     assert a.deliver(b.outbox.pop(0)) == "completed"  # s2 on A, whose log ends at s0
-    assert counted_calls.calls == ["pal_claim_step_after", "pal_complete_step"]
+    assert counted_calls.calls == ["pal_claim_step_after", "pal_complete_step_then"]
     assert counted_calls.transactions == 0
     assert started(a.client, run_id, "s2") == [1]
     while a.outbox:
@@ -271,7 +271,7 @@ def test_a_step_after_a_choice_reads_the_log_before_its_claim(two_on_postgres: t
     assert b.deliver(a.outbox.pop(0)) == "completed"  # check on B
     counted_calls = Counted(a.client)
     assert a.deliver(b.outbox.pop(0)) == "completed"  # yes on A, whose log ends at start
-    assert counted_calls.calls == ["pal_read_log", "pal_claim_step_after", "pal_complete_step"]
+    assert counted_calls.calls == ["pal_read_log", "pal_claim_step_after", "pal_complete_step_then"]
     while a.outbox:
         a.deliver(a.outbox.pop(0))
     assert a.client.get_run(run_id).output == "big"
@@ -299,8 +299,8 @@ def test_the_step_calls_are_prepared_once_per_connection(postgres_backend: Backe
         assert autocommit is not None
         uses = prepared_statements(autocommit._connection())
         made = {f"{name}_call": counted_calls.calls.count(name) for name in set(counted_calls.calls)}
-        assert made == {"pal_claim_step_after_call": 4, "pal_complete_step_call": 4}
-        assert uses["pal_claim_step_after_call"] >= 4 and uses["pal_complete_step_call"] >= 4
+        assert made == {"pal_claim_step_after_call": 4, "pal_complete_step_then_call": 4}
+        assert uses["pal_claim_step_after_call"] >= 4 and uses["pal_complete_step_then_call"] >= 4
         assert set(uses) == set(made)  # one prepared statement per function, not one per call
     finally:
         a.client.close()
@@ -323,7 +323,7 @@ def test_a_session_without_our_prepared_calls_runs_them_unprepared(postgres_back
         def prepared() -> list[str]:
             return sorted(prepared_statements(connection))
 
-        others = ["pal_claim_step_after_call", "pal_complete_step_call"]
+        others = ["pal_claim_step_after_call", "pal_complete_step_then_call"]
         if elsewhere == "names taken":  # before this connection's first call
             with connection.cursor() as cursor:
                 for name in others:
@@ -338,7 +338,7 @@ def test_a_session_without_our_prepared_calls_runs_them_unprepared(postgres_back
         counted_calls = Counted(a.client)
         while a.outbox:
             assert a.deliver(a.outbox.pop(0)) == "completed"
-        assert counted_calls.calls[:2] == ["pal_claim_step_after", "pal_complete_step"]  # still one call each
+        assert counted_calls.calls[:2] == ["pal_claim_step_after", "pal_complete_step_then"]  # still one call each
         assert autocommit._connection() is connection
         assert prepared() == others  # nothing prepared since
         assert a.client.get_run(run_id).status == "succeeded"

@@ -175,6 +175,7 @@ class Handoff:
     finished: bool
     output: Any = None
     error: Mapping[str, Any] | None = None  # a finished run that failed (e.g. a turn limit)
+    claimed: str | None = None  # the one successor whose attempt the completion also started
 
 
 @dataclass(frozen=True)

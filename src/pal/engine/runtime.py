@@ -39,6 +39,17 @@ class Publish(Protocol):
         """Ring the doorbell for one step, now or `countdown` seconds from now."""
 
 
+class OwnMessages(Protocol):
+    """A worker that runs the message it publishes next itself (a solo worker's chain of steps,
+    pal.workers.inline): the completion before that publish may claim the step for it."""
+
+    def can_take(self) -> bool:
+        """Whether this thread's next publish will take its own message back."""
+
+    def publish_and_take(self, run_id: str, step_id: str, generation: int) -> None:
+        """Ring the doorbell for one step and take that very message back, for this thread to run next."""
+
+
 PublishBatch = Callable[[], AbstractContextManager[None]]
 """publish_batch(): within it, this thread's publishes may be buffered and sent together at its
 end (one broker round trip for a sweep's messages); an exception out of it may drop them."""
@@ -61,6 +72,7 @@ class Runtime:
         self.publish = publish
         self.publish_batch = publish_batch
         self.publish_vm: Callable[[str], None] = _no_vm_queue  # the VM queue's spawn (pal.engine.vms)
+        self.own_messages: OwnMessages | None = None  # a solo worker's (pal.workers.publishing)
         self._plans: Lru[str, Program] = Lru(_PLAN_CACHE_SIZE)
         self._uses_secrets: Lru[str, bool] = Lru(_PLAN_CACHE_SIZE)
         self._watch_plans: Lru[str, WatchPlan] = Lru(_PLAN_CACHE_SIZE)
@@ -96,13 +108,24 @@ class Runtime:
         """This process's fence for a write of `generation` now (the lease runs PAL_LEASE_TTL on)."""
         return Fence(run_id, generation, self.worker_id, utcnow(), self.settings.lease_ttl)
 
-    def hand_off(self, run_id: str, step_id: str, successors: Sequence[str], generation: int) -> None:
+    def takes_own_message(self) -> bool:
+        """Whether the step this thread completes next may claim its successor (`hand_off`'s
+        `claimed`): this thread will run that successor's message itself."""
+        return self.own_messages is not None and self.own_messages.can_take()
+
+    def hand_off(self, run_id: str, step_id: str, successors: Sequence[str], generation: int,
+                 claimed: str | None = None) -> None:
         """Ring the successors of a completed step, only after its completion has committed: a
-        crash before (the fault points) leaves a lease that lapses, and the sweep re-drives them."""
+        crash before (the fault points) leaves a lease that lapses, and the sweep re-drives them.
+        `claimed`: the successor whose attempt the completion started for this thread, whose
+        message this thread takes back to run next."""
         faults.point("after_complete_commit", step_id, run_id)
         for successor in successors:
             faults.point("before_publish", step_id, run_id)
-            self.publish(run_id, successor, generation)
+            if successor == claimed and self.own_messages is not None:
+                self.own_messages.publish_and_take(run_id, successor, generation)
+            else:
+                self.publish(run_id, successor, generation)
 
     @property
     def worker_id(self) -> str:

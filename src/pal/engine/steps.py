@@ -216,16 +216,19 @@ def _run_node(rt: Runtime, run: RunRecord, node: Node, ctx: StepContext, generat
 def _complete(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: int, result: NodeResult,
               program: Program) -> StepResult:
     """Step protocol, phase 3: journal the completion, then (only after it committed) publish."""
+    # A worker that runs its next message itself lets the completion start its one successor too.
+    claim_next = rt.takes_own_message()
     try:
         handoff = _once_more_if_disconnected(lambda: rt.journal.complete_step(
             rt.fence(run.id, generation), step_id, attempt, result.output,
             plan=lambda completed: program.handoff(completed, step_id), usage=result.usage,
-            frontier=program.redrive_steps))
+            frontier=program.redrive_steps, claim_next=claim_next))
     except LeaseLost:
         log.warning("run %s step %s: fenced out (generation %d)", run.id, step_id, generation)
         return StepResult("fenced")
-    # A crash before the publish leaves a lease that expires and the sweep re-drives the successors.
-    rt.hand_off(run.id, step_id, handoff.dispatch, generation)
+    # A crash before the publish leaves a lease that expires and the sweep re-drives the successors
+    # (a successor the completion started too is resumed with the same attempt).
+    rt.hand_off(run.id, step_id, handoff.dispatch, generation, claimed=handoff.claimed)
     if handoff.finished:
         _wake_parent(rt, run.parent_run_id)
     return StepResult("completed", handoff.dispatch, handoff.finished, usage=result.usage)

@@ -9,11 +9,15 @@ same fence; otherwise the transaction decides (docs/architecture.md, "The step p
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
 from pal.core import retry
 from pal.core.records import Claim, ClaimOutcome, Fence, Frontier, Handoff, Needs, Plan, Ready, Usage
@@ -38,8 +42,24 @@ _READ_LOG = FunctionCall.of("pal_read_log", ("text", "integer", "bigint"))
 _CLAIM_STEP = FunctionCall.of("pal_claim_step_after", (
     "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz", "boolean",
     "text[]"))
-_COMPLETE_STEP = FunctionCall.of("pal_complete_step", (
-    "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz"))
+_COMPLETE_STEP = FunctionCall.of("pal_complete_step_then", (
+    "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz",
+    "text", "integer", "jsonb"))
+# How long after its completion a claimed successor is still this thread's to run without a
+# statement: the message it was taken with runs next (pal.workers.inline), within milliseconds. A
+# claim later than this fences in a transaction instead (and finds the step already started).
+CLAIMED_AHEAD_S = 5.0
+
+
+@dataclass(frozen=True)
+class _ClaimedAhead:
+    """A successor whose attempt a completion of this thread started (`claim_next`)."""
+
+    run_id: str
+    step_id: str
+    generation: int
+    until: float  # time.monotonic()
+    claim: Claim
 
 
 class _NotReady(Exception):
@@ -47,13 +67,25 @@ class _NotReady(Exception):
 
 
 class StepStore(Primitives):
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self._ahead = threading.local()  # .claimed: this thread's _ClaimedAhead, if any
+
     def claim_step(self, fence: Fence, step_id: str, *, ready: Ready | None = None,
                    needs: Needs | None = None) -> Claim:
         """Step protocol, phase 1: fence on the lease and append `step_started`.
 
         A step that is not on the run's ready frontier (`ready`) is refused with nothing written:
         a message is a doorbell, it cannot start a step the journal has not made ready. `needs`
-        lets a one-call claim whose log is behind have Postgres check the missing completions."""
+        lets a one-call claim whose log is behind have Postgres check the missing completions.
+        A step this thread's last completion claimed (`complete_step(claim_next=True)`) is this
+        claim's at once, with no statement, if it is the very next one this thread makes."""
+        ahead: _ClaimedAhead | None = getattr(self._ahead, "claimed", None)
+        if ahead is not None:
+            self._ahead.claimed = None  # only the next claim of this thread may use it
+            if (ahead.run_id, ahead.step_id, ahead.generation) == (fence.run_id, step_id, fence.generation) \
+                    and time.monotonic() < ahead.until:
+                return ahead.claim
         if self.calls is not None:
             claim = self._claim_in_one_call(self.calls, fence, step_id, ready, needs)
             if claim is not None:
@@ -162,19 +194,26 @@ class StepStore(Primitives):
             return self._fence(conn, fence)
 
     def complete_step(self, fence: Fence, step_id: str, attempt: int, output: Any, *, plan: Plan,
-                      usage: Usage | None = None, frontier: Frontier | None = None) -> Handoff:
+                      usage: Usage | None = None, frontier: Frontier | None = None,
+                      claim_next: bool = False) -> Handoff:
         """Step protocol, phase 3: `step_completed`, successor hand-off and maybe the finish,
         in one transaction fenced by generation. Raises LeaseLost when fenced out.
 
         The step's usage is added to the run's totals here, only by the transaction whose
-        `step_completed` insert won, so a replay or a duplicate message never counts it twice."""
+        `step_completed` insert won, so a replay or a duplicate message never counts it twice.
+
+        `claim_next`: the caller will run the hand-off's successor itself when there is only one
+        (a solo worker takes its message back as it publishes it). The same transaction then
+        starts the successor's attempt, when a one-call completion can (`Handoff.claimed` names it),
+        and this thread's next claim of it, at this generation, is answered without a statement."""
         payload: dict[str, Any] = {"output": json_safe(output)}
         if usage is not None and (usage.input_tokens or usage.output_tokens or usage.cost_usd):
             payload["usage"] = {"input_tokens": usage.input_tokens,
                                 "output_tokens": usage.output_tokens,
                                 "cost_usd": str(usage.cost_usd)}
         if self.calls is not None and "usage" not in payload:
-            handoff = self._complete_in_one_call(self.calls, fence, step_id, attempt, payload, plan)
+            handoff = self._complete_in_one_call(self.calls, fence, step_id, attempt, payload, plan,
+                                                 claim_next)
             if handoff is not None:
                 return handoff
         with self._tx() as conn:
@@ -191,32 +230,46 @@ class StepStore(Primitives):
             return decision
 
     def _complete_in_one_call(self, calls: AutocommitCalls, fence: Fence, step_id: str, attempt: int,
-                              payload: Mapping[str, Any], plan: Plan) -> Handoff | None:
+                              payload: Mapping[str, Any], plan: Plan, claim_next: bool) -> Handoff | None:
         """Postgres: a completion that only hands off, as one autocommit call of
-        `pal_complete_step` (migration 0006).
+        `pal_complete_step_then` (migrations 0006 and 0020).
 
         The hand-off is planned first, from this process's step log plus this step's output; the
         function appends `step_completed` only if no step event came after that log, so the plan
         is what `complete_step`'s transaction would decide. None when the plan would write more
         than the completion (the run finishes, or parks when nothing is dispatched) or the log was
         not the latest: the caller then decides in a transaction."""
-        known = self._known_log(fence.run_id)
+        run_id = fence.run_id
+        known = self._known_log(run_id)
         if step_id in known.outputs:
             return None
         decision = plan(WithOne(known.outputs, step_id, payload["output"]))
         if decision.finished or not decision.dispatch:
             return None
+        successor = decision.dispatch[0] if claim_next and len(decision.dispatch) == 1 else None
+        run = self._claimed_runs.get(run_id)
+        if successor is not None and (run is None or successor == step_id or successor in known.outputs
+                                      or successor in known.waited or successor in known.retries):
+            successor = None  # a step that waited or backs off: its own claim decides, as usual
+        next_attempt = known.next_attempt(successor) if successor is not None else None
         rows = [EventRow(*row) for row in calls.rows(_COMPLETE_STEP, (
-            fence.run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq,
-            step_id, attempt, json.dumps(payload), fence.now))]
+            run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq,
+            step_id, attempt, json.dumps(payload), fence.now, successor, next_attempt,
+            json.dumps({"attempt": next_attempt, "worker": fence.worker_id}) if successor else None))]
         if not rows:
             return None
         if rows[0].seq == FENCED_OUT:
-            raise lease_lost(fence.run_id, fence.generation)
+            raise lease_lost(run_id, fence.generation)
         if rows[0].seq == ALREADY_COMPLETED:
             return Handoff(dispatch=(), finished=False)
-        self._remember(fence.run_id, known.extended(rows))  # the call has committed
-        return decision
+        log = known.extended(rows[:1])
+        self._remember(run_id, log)  # the call has committed
+        if successor is None or next_attempt is None or run is None or rows[-1].seq != STARTED:
+            return decision
+        claim = Claim(ClaimOutcome.RUN, run, next_attempt, log.outputs, log=log)
+        until = time.monotonic() + min(CLAIMED_AHEAD_S, fence.lease_ttl / 2)
+        self._ahead.claimed = _ClaimedAhead(run_id, successor, fence.generation, until, claim)
+        return replace(decision, claimed=successor)
 
     def retry_step(self, fence: Fence, step_id: str, attempt: int, *, of: int, error: Mapping[str, Any],
                    backoff_s: float) -> bool:

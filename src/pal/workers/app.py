@@ -13,7 +13,7 @@ from pal.engine.runtime import Runtime
 from pal.workers.beat import schedule_of
 from pal.workers.fs_transport import TRANSPORT as FILESYSTEM_TRANSPORT
 from pal.workers.node_messages import NodePublisher
-from pal.workers.publishing import publisher_of
+from pal.workers.publishing import TakenBack, publisher_of
 from pal.workers.redis_transport import TRANSPORT as REDIS_TRANSPORT
 from pal.workers.task_names import EXECUTE_NODE, SPAWN_VM
 from pal.workers.tasks import register_tasks
@@ -90,6 +90,8 @@ def create_app(settings: Settings) -> PalCelery:
 
     publish, publish_batch = publisher_of(app, settings.queue, node_publisher)
     app.runtime = Runtime(settings, publish, publish_batch)
+    if node_publisher is not None:
+        app.runtime.own_messages = TakenBack(app, node_publisher)
     app.runtime.publish_vm = lambda vm_id: app.send_task(SPAWN_VM, args=[vm_id], queue=settings.vm_queue)
     register_tasks(app)
 

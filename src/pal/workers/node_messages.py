@@ -102,9 +102,23 @@ class NodePublisher:
             return
         self._send_or_fall_back([args])
 
-    def _send_or_fall_back(self, messages_args: list[list[Any]]) -> None:
+    def can_take(self) -> bool:
+        """Whether this thread's next publish, outside a batch, takes a message back (`taking_next`)."""
+        return (getattr(self._held, "taken", None) is not None and getattr(self._held, "args", None) is None
+                and time.monotonic() < self._held.until)
+
+    def publish_taken(self, args: list[Any]) -> None:
+        """Publish one message and, inside a `taking_next` block, take that very message back:
+        LPUSH, then LPOP of the end it was pushed to, in one transaction, so no other worker can
+        have it (its step was claimed for this thread: pal.storage.steps, `claim_next`). If the
+        fast path fails, the message goes through `send_task` to whichever worker takes it; one
+        that is not this thread finds the step started and leaves it, and the sweep re-drives it
+        when its lease lapses."""
+        self._send_or_fall_back([args], own=True)
+
+    def _send_or_fall_back(self, messages_args: list[list[Any]], own: bool = False) -> None:
         try:
-            self._send(messages_args)
+            self._send(messages_args, own)
         except Exception as exc:  # the slow path has the retries and raises the errors
             log.warning("fast publish of %d %s message(s) failed (%r); sending through send_task",
                         len(messages_args), self.task_name, exc)
@@ -113,15 +127,15 @@ class NodePublisher:
             return
         self.sent += len(messages_args)
 
-    def _send(self, messages_args: list[list[Any]]) -> None:
+    def _send(self, messages_args: list[list[Any]], own: bool = False) -> None:
         wire = self._wire_of_process()
         commands = [command for args in messages_args for command in self._commands(args, wire)]
         taken: list[bytes] | None = getattr(self._held, "taken", None)
         self._held.taken = None  # one take per block
-        if taken is not None and time.monotonic() >= self._held.until:
+        if taken is not None and not own and time.monotonic() >= self._held.until:
             taken = None  # the taker has run long enough: it goes back to its event loop
-        if taken is not None:
-            commands.append(("RPOP", wire.queue_key))
+        if taken is not None:  # its own message (the end LPUSH wrote), or the queue's oldest
+            commands.append(("LPOP" if own else "RPOP", wire.queue_key))
         try:
             replies = wire.transaction(commands)
         except BaseException:

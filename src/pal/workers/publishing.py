@@ -19,8 +19,7 @@ def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None) -> 
     batching = threading.local()  # the producer of this thread's open publish batch, if any
 
     def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0) -> None:
-        # Signed, so that a worker can tell PAL's doorbells from forged ones (pal.core.doorbell).
-        args = [run_id, step_id, generation, app.runtime.doorbell_signature(run_id, step_id, generation)]
+        args = _signed(app, run_id, step_id, generation)
         if node_publisher is not None and countdown <= 0:
             node_publisher.publish(args)  # held if a batch is open
             return
@@ -49,3 +48,24 @@ def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None) -> 
                 batching.producer = None
 
     return publish, publish_batch
+
+
+class TakenBack:
+    """`Runtime.own_messages` on PAL's Redis transport: a solo worker's chain of steps takes the
+    message of its step's one successor straight back (pal.workers.inline), so the completion
+    may claim that successor for it (pal.engine.steps)."""
+
+    def __init__(self, app: Any, node_publisher: NodePublisher) -> None:
+        self._app, self._publisher = app, node_publisher
+
+    def can_take(self) -> bool:
+        return self._publisher.can_take()
+
+    def publish_and_take(self, run_id: str, step_id: str, generation: int) -> None:
+        self._publisher.publish_taken(_signed(self._app, run_id, step_id, generation))
+
+
+def _signed(app: Any, run_id: str, step_id: str, generation: int) -> list[Any]:
+    """A doorbell's arguments, signed, so that a worker can tell PAL's doorbells from forged ones
+    (pal.core.doorbell)."""
+    return [run_id, step_id, generation, app.runtime.doorbell_signature(run_id, step_id, generation)]

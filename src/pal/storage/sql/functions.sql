@@ -5,7 +5,9 @@
 -- as one autocommit statement each (migration 0006); pal_claim_step_after: that claim, which also
 -- checks that the steps the caller's log has not seen complete did complete (migration 0019: a
 -- worker whose log is behind claims without reading the log first; pal_claim_step is now the
--- same claim with nothing to check); pal_read_log: the step log a one-call claim
+-- same claim with nothing to check); pal_complete_step_then: that completion, which may also start
+-- the one successor the caller will run itself (migration 0020; pal_complete_step is now the same
+-- completion starting nothing); pal_read_log: the step log a one-call claim
 -- reads, writing nothing, before it decides a step is ready (migration 0009; approval_decided is a
 -- step-log kind since migration 0012, it resumes a budget pause; confidence_evaluated since 0013,
 -- a re-drive reads the gate's score back); pal_journal_notify:
@@ -166,7 +168,7 @@ AS $function$
 $function$;
 -- end
 
-CREATE OR REPLACE FUNCTION pal_complete_step(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone)
+CREATE OR REPLACE FUNCTION pal_complete_step_then(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone, p_next text, p_next_attempt integer, p_next_payload jsonb)
  RETURNS TABLE(seq bigint, step_id text, kind text, payload jsonb)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -198,7 +200,36 @@ AS $function$
                 RETURN;
             END IF;
             RETURN QUERY SELECT v_seq, p_step, 'step_completed'::text, p_payload;
+            IF p_next IS NULL THEN
+                RETURN;
+            END IF;
+
+            -- p_next: the one successor this completion makes ready, which the caller will run
+            -- itself (a solo worker takes the successor's own message back as it publishes it).
+            -- Its attempt starts in this transaction, after the completion it follows: the
+            -- caller's claim of it needs no statement of its own (migration 0020).
+            INSERT INTO journal_events (run_id, step_id, attempt, kind, payload, generation, created_at)
+            VALUES (p_run, p_next, p_next_attempt, 'step_started', p_next_payload, p_generation, p_at)
+            ON CONFLICT DO NOTHING
+            RETURNING journal_events.seq INTO v_seq;
+            IF v_seq IS NULL THEN
+                RETURN QUERY SELECT -4::bigint, NULL::text, 'duplicate'::text, NULL::jsonb;
+                RETURN;
+            END IF;
+            RETURN QUERY SELECT -3::bigint, NULL::text, 'started'::text, NULL::jsonb;
         END $function$;
+-- end
+
+CREATE OR REPLACE FUNCTION pal_complete_step(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone)
+ RETURNS TABLE(seq bigint, step_id text, kind text, payload jsonb)
+ LANGUAGE sql
+AS $function$
+        -- The completion of workers that predate pal_complete_step_then (migration 0020), kept
+        -- for a rolling upgrade: the same completion, claiming nothing after it.
+        SELECT * FROM pal_complete_step_then(p_run, p_generation, p_worker, p_expires, p_after, p_step,
+                                             p_attempt, p_payload, p_at, NULL::text, NULL::integer,
+                                             NULL::jsonb);
+$function$;
 -- end
 
 CREATE OR REPLACE FUNCTION pal_read_log(p_run text, p_generation integer, p_after bigint)
