@@ -15,7 +15,7 @@ import redis
 
 from pal.client import Client
 from pal.workers.app import create_app
-from pal.workers.node_messages import NodePublisher
+from pal.workers.node_messages import OWN_TAKES_WHILE_OTHERS_WAIT, NodePublisher
 from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
 from tests.conftest import Backend
 
@@ -162,6 +162,43 @@ def test_a_take_pops_the_oldest_message_with_the_publish_and_nothing_past_its_de
     with publisher.taking_next() as taken:
         pass  # nothing published: nothing taken
     assert taken == [] and _queued(redis_client, postgres_backend) == []
+
+
+def _step_of(raw: bytes) -> str:
+    step: str = json.loads(base64.b64decode(json.loads(raw)["body"]))[0][1]
+    return step
+
+
+def test_a_step_takes_its_own_message_back_and_only_a_few_in_a_row_while_others_wait(
+        postgres_backend: Backend, redis_client: redis.Redis) -> None:
+    """`publish_taken` pushes the message and pops that very one (its step is claimed for this
+    thread), never an older one; with other messages waiting, after OWN_TAKES_WHILE_OTHERS_WAIT of
+    those in a row the thread may not take its own again, and takes the oldest instead."""
+    app = create_app(postgres_backend.settings)
+    publisher = app.node_publisher
+    assert isinstance(publisher, NodePublisher)
+    with publisher.taking_next() as taken:
+        assert publisher.can_take()
+        publisher.publish_taken(["run_x", "alone", 1, "sig"])
+        assert not publisher.can_take()  # one take per block
+    assert [_step_of(raw) for raw in taken] == ["alone"] and _queued(redis_client, postgres_backend) == []
+    publisher.publish(["run_y", "waiting", 1, "sig"])
+    for i in range(OWN_TAKES_WHILE_OTHERS_WAIT):
+        with publisher.taking_next() as taken:
+            assert publisher.can_take()
+            publisher.publish_taken(["run_x", f"own{i}", 1, "sig"])
+        assert [_step_of(raw) for raw in taken] == [f"own{i}"]
+    with publisher.taking_next() as taken:
+        assert not publisher.can_take()  # run_y has waited long enough
+        publisher.publish(["run_x", "next", 1, "sig"])
+    assert [_step_of(raw) for raw in taken] == ["waiting"]
+    assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["next"]
+    with publisher.taking_next() as taken:
+        assert publisher.can_take()  # a fresh visit
+    with publisher.taking_next(until=time.monotonic() - 1):
+        assert not publisher.can_take()  # the chain has run long enough
+    with publisher.batch(), publisher.taking_next():
+        assert not publisher.can_take()  # a batch's publishes are held
 
 
 def test_a_forked_child_publishes_on_its_own_connection(postgres_backend: Backend,

@@ -38,6 +38,11 @@ from pal.workers.task_names import SENT_AT_HEADER
 
 log = logging.getLogger(__name__)
 
+# A thread that takes its own successor's message back (its completion claimed the step) keeps to
+# its run; while other messages wait on the queue it does so at most this many steps in a row, then
+# takes the oldest, so a busy queue is still served in about its order (docs/architecture.md,
+# "Delivery").
+OWN_TAKES_WHILE_OTHERS_WAIT = 2
 CONTENT_TYPE = "application/json"
 CONTENT_ENCODING = "utf-8"
 PERSISTENT = 2  # AMQP delivery mode of a task message, as Celery sets it
@@ -103,9 +108,14 @@ class NodePublisher:
         self._send_or_fall_back([args])
 
     def can_take(self) -> bool:
-        """Whether this thread's next publish, outside a batch, takes a message back (`taking_next`)."""
-        return (getattr(self._held, "taken", None) is not None and getattr(self._held, "args", None) is None
-                and time.monotonic() < self._held.until)
+        """Whether this thread's next publish, outside a batch, may take its own message back
+        (`taking_next`): not when others have waited on the queue while this thread took
+        OWN_TAKES_WHILE_OTHERS_WAIT of its own in a row (it takes the oldest instead)."""
+        held = self._held
+        return (getattr(held, "taken", None) is not None and getattr(held, "args", None) is None
+                and time.monotonic() < held.until
+                and (not getattr(held, "others_wait", False)
+                     or getattr(held, "own_streak", 0) < OWN_TAKES_WHILE_OTHERS_WAIT))
 
     def publish_taken(self, args: list[Any]) -> None:
         """Publish one message and, inside a `taking_next` block, take that very message back:
@@ -136,13 +146,18 @@ class NodePublisher:
             taken = None  # the taker has run long enough: it goes back to its event loop
         if taken is not None:  # its own message (the end LPUSH wrote), or the queue's oldest
             commands.append(("LPOP" if own else "RPOP", wire.queue_key))
+            commands.append(("LLEN", wire.queue_key))  # who is left waiting (can_take)
         try:
             replies = wire.transaction(commands)
         except BaseException:
             self._drop(wire)  # the next send connects afresh
             raise
-        if taken is not None and isinstance(replies[-1], bytes):
-            taken.append(replies[-1])  # taken even if another command failed: EXEC ran the RPOP
+        if taken is not None:
+            others_wait = self._held.others_wait = isinstance(replies[-1], int) and replies[-1] > 0
+            # own takes in a row while others waited: the queue's oldest, or an empty queue, resets it
+            self._held.own_streak = getattr(self._held, "own_streak", 0) + 1 if own and others_wait else 0
+            if isinstance(replies[-2], bytes):
+                taken.append(replies[-2])  # taken even if another command failed: EXEC ran the pop
         failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
         if failed is not None:
             raise failed
