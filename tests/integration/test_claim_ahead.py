@@ -193,3 +193,20 @@ def test_a_fenced_out_completion_claims_nothing(worker: TakingWorker, counter: P
         journal.complete_step(Fence(run_id, 1, "w", utcnow(), 30), "s1", claim.attempt, {"value": 1},
                               plan=lambda done: program.handoff(done, "s1"), claim_next=True)
     assert transactions_of(worker.client, run_id) == before
+
+
+def test_a_worker_busy_with_a_hundred_runs_still_claims_each_in_one_call(worker: TakingWorker,
+                                                                        counter: Path) -> None:
+    """Each run's step log stays in the process (OUTPUT_CACHE_RUNS): the claim of the first of a
+    hundred runs this worker has stepped is one call, not a transaction that reads its whole log."""
+    worker.takes = False
+    runs = [worker.client.start_run(linear(counter, 2), {}) for _ in range(100)]
+    starts = list(worker.outbox)
+    worker.outbox.clear()
+    for message in starts:
+        assert worker.deliver(message) == "completed"
+    counted_calls = Counted(worker.client)
+    assert worker.outbox[0][0] == runs[0]
+    assert worker.deliver(worker.outbox[0]) == "completed"
+    assert counted_calls.calls == ["pal_claim_step_after", "pal_complete_step_then"]
+    assert counted_calls.transactions == 0

@@ -26,7 +26,10 @@ from pal.storage.one_call import AutocommitCalls, calls_for
 from pal.storage.schema import journal_events, runs
 
 GRAPH_CACHE_SIZE = 128  # plan documents kept decoded per process
-OUTPUT_CACHE_RUNS = 64  # runs whose step logs (and first-read records) are kept per process
+# Runs whose step logs (and first-read records) a process keeps. A worker busy with more runs than
+# this claims by transaction and reads each run's log again from its start (docs/benchmarks.md: 100
+# busy runs on two solo workers ran 18% slower with 64); each log holds its run's outputs.
+OUTPUT_CACHE_RUNS = 256
 _ON_COMMIT = "pal_on_commit"  # Connection.info key of the current transaction's after-commit work
 
 RUN_ROWS = sa.select(*(c for c in runs.c if c.name != "graph"))  # a run without its graph column
