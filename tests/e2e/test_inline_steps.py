@@ -245,6 +245,9 @@ def test_a_solo_worker_killed_after_claiming_its_successor_is_recovered(
     run_id = "claimed-then-killed"
     doomed = processes.worker("doomed", PAL_FAULT_POINT=f"after_complete_commit:s0@{run_id}",
                               PAL_FAULT_ONCE_FILE=str(tmp_path / "fired"))
+    # A warm worker: a cold one's first steps can outlast a chain's 0.5 s, and then claim nothing ahead.
+    warm = client.start_run(linear(tmp_path / "warm.log", 1), {})
+    assert client.wait(warm, timeout=60).status == "succeeded"
     client.start_run(linear(counter, 2), {}, run_id=run_id)
     assert doomed.wait(60) == -signal.SIGKILL
     assert "s1" in started_in_completions(client, run_id)  # s1 was claimed by s0's completion

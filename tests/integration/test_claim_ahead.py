@@ -11,6 +11,7 @@ before.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+import pal.storage.steps
 from pal.client import Client
 from pal.core.clock import utcnow
 from pal.core.records import Fence
@@ -38,6 +40,7 @@ class TakingWorker:
         self.outbox: list[Message] = []  # published to the queue, for anyone
         self.taken: list[Message] = []  # published and taken back, for this worker to run next
         self.takes = takes
+        self.takes_back = True  # False: the publish fell back to the queue (no message taken back)
         self.client.runtime.publish = lambda run_id, step_id, generation, countdown=0.0: (
             self.outbox.append((run_id, step_id, generation)))
         self.client.runtime.own_messages = self
@@ -45,8 +48,9 @@ class TakingWorker:
     def can_take(self) -> bool:
         return self.takes
 
-    def publish_and_take(self, run_id: str, step_id: str, generation: int) -> None:
-        self.taken.append((run_id, step_id, generation))
+    def publish_and_take(self, run_id: str, step_id: str, generation: int) -> bool:
+        (self.taken if self.takes_back else self.outbox).append((run_id, step_id, generation))
+        return self.takes_back
 
     def deliver(self, message: Message) -> str:
         return execute_step(self.client.runtime, *message).outcome
@@ -210,3 +214,55 @@ def test_a_worker_busy_with_a_hundred_runs_still_claims_each_in_one_call(worker:
     assert worker.deliver(worker.outbox[0]) == "completed"
     assert counted_calls.calls == ["pal_claim_step_after", "pal_complete_step_then"]
     assert counted_calls.transactions == 0
+
+
+def test_a_claim_ahead_is_not_answered_late_in_another_thread_or_after_a_fallen_back_publish(
+        worker: TakingWorker, counter: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claim ahead answers only the claim made next by the thread that completed, soon after
+    the completion's fence, of a message taken back; otherwise the journal decides (the step is
+    started: a duplicate, recovered by the sweep after its lease)."""
+    late = worker.client.start_run(linear(counter, 1), {})
+    monkeypatch.setattr(pal.storage.steps, "CLAIMED_AHEAD_S", 0.0)
+    worker.deliver(worker.outbox.pop(0))
+    assert worker.deliver(worker.taken.pop(0)) == "duplicate"  # too late
+    monkeypatch.undo()
+
+    elsewhere = worker.client.start_run(linear(counter, 1), {})
+    worker.deliver(worker.outbox.pop(0))
+    message = worker.taken.pop(0)
+    outcome: list[str] = []
+    thread = threading.Thread(target=lambda: outcome.append(worker.deliver(message)))
+    thread.start()
+    thread.join(30)
+    assert outcome == ["duplicate"]  # another thread of the same process
+    assert worker.deliver(message) == "completed"  # the completing thread's own next claim
+    assert worker.deliver(worker.taken.pop(0)) == "completed"  # its output step, claimed ahead too
+
+    fallen = worker.client.start_run(linear(counter, 1), {})
+    worker.takes_back = False
+    worker.deliver(worker.outbox.pop(0))
+    assert worker.taken == [] and worker.outbox == [(fallen, "s0", 1)]
+    assert worker.deliver(worker.outbox.pop(0)) == "duplicate"  # the claim ahead was dropped
+    assert calls(counter) == ["s0"]  # only `elsewhere` ran its step
+    for run_id in (late, fallen):  # both were left started: the sweep's re-drive runs them once
+        assert started(worker.client, run_id, "s0") == [1]
+        assert redrive(worker.client.runtime, run_id, require_expired=False) is not None
+    worker.takes_back = True
+    while worker.outbox or worker.taken:
+        worker.deliver((worker.taken or worker.outbox).pop(0))
+    assert sorted(calls(counter)) == ["s0", "s0", "s0"]
+    assert {worker.client.get_run(r).status for r in (late, elsewhere, fallen)} == {"succeeded"}
+
+
+def test_a_successor_already_started_is_not_claimed_ahead(worker: TakingWorker, counter: Path) -> None:
+    """The completion's insert of the successor's step_started conflicts (it exists at this
+    generation): the completion commits, nothing is claimed ahead, the message goes to the queue."""
+    run_id = worker.client.start_run(linear(counter, 1), {})
+    with worker.client.runtime.journal.engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO journal_events (run_id, step_id, attempt, kind, payload, generation, created_at) "
+            "VALUES (:r, 's0', 1, 'step_started', '{\"attempt\": 1}', 1, now())"), {"r": run_id})
+    assert worker.deliver(worker.outbox.pop(0)) == "completed"
+    assert worker.taken == [] and worker.outbox == [(run_id, "s0", 1)]
+    assert [e.step_id for e in worker.client.events(run_id) if e.kind == "step_completed"] == ["start"]
+    assert worker.deliver(worker.outbox.pop(0)) == "duplicate"

@@ -201,6 +201,26 @@ def test_a_step_takes_its_own_message_back_and_only_a_few_in_a_row_while_others_
         assert not publisher.can_take()  # a batch's publishes are held
 
 
+def test_a_message_that_could_not_be_taken_back_says_so_and_is_queued(
+        postgres_backend: Backend, redis_client: redis.Redis) -> None:
+    """A dead connection under `publish_taken`: the message goes through `send_task` to the queue
+    (any worker may take it) and the caller is told it was not taken back (the runtime then drops
+    its claim ahead, pal.engine.runtime)."""
+    app = create_app(postgres_backend.settings)
+    publisher = app.node_publisher
+    assert isinstance(publisher, NodePublisher)
+    with publisher.taking_next():
+        assert publisher.publish_taken(["run_x", "first", 1, "sig"])
+    connection = publisher._wire_of_process().redis
+    port = connection._sock.getsockname()[1] if connection._sock else None
+    for client in redis_client.client_list():
+        if int(client["addr"].rsplit(":", 1)[1]) == port:
+            redis_client.client_kill_filter(_id=int(client["id"]))
+    with publisher.taking_next() as taken:
+        assert not publisher.publish_taken(["run_x", "second", 1, "sig"])
+    assert taken == [] and [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["second"]
+
+
 def test_a_forked_child_publishes_on_its_own_connection(postgres_backend: Backend,
                                                        redis_client: redis.Redis) -> None:
     """A prefork pool process inherits its parent's publisher: it must open its own wire, never

@@ -46,8 +46,9 @@ class OwnMessages(Protocol):
     def can_take(self) -> bool:
         """Whether this thread's next publish will take its own message back."""
 
-    def publish_and_take(self, run_id: str, step_id: str, generation: int) -> None:
-        """Ring the doorbell for one step and take that very message back, for this thread to run next."""
+    def publish_and_take(self, run_id: str, step_id: str, generation: int) -> bool:
+        """Ring the doorbell for one step and take that very message back, for this thread to run
+        next; False when it was published but not taken back (any worker may take it)."""
 
 
 PublishBatch = Callable[[], AbstractContextManager[None]]
@@ -123,7 +124,8 @@ class Runtime:
         for successor in successors:
             faults.point("before_publish", step_id, run_id)
             if successor == claimed and self.own_messages is not None:
-                self.own_messages.publish_and_take(run_id, successor, generation)
+                if not self.own_messages.publish_and_take(run_id, successor, generation):
+                    self.journal.drop_claimed_ahead()
             else:
                 self.publish(run_id, successor, generation)
 

@@ -45,10 +45,11 @@ _CLAIM_STEP = FunctionCall.of("pal_claim_step_after", (
 _COMPLETE_STEP = FunctionCall.of("pal_complete_step_then", (
     "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz",
     "text", "integer", "jsonb"))
-# How long after its completion a claimed successor is still this thread's to run without a
-# statement: the message it was taken with runs next (pal.workers.inline), within milliseconds. A
-# claim later than this fences in a transaction instead (and finds the step already started).
-CLAIMED_AHEAD_S = 5.0
+# How long after its completion's fence a claimed successor is still this thread's to run without
+# a statement (at most a quarter of the lease, which the heartbeat renews after a third): the
+# message it was taken with runs next (pal.workers.inline), within milliseconds. A later claim goes
+# to the journal, finds the step started, and leaves it to the sweep after its lease.
+CLAIMED_AHEAD_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -250,8 +251,11 @@ class StepStore(Primitives):
         run = self._claimed_runs.get(run_id)
         if successor is not None and (run is None or successor == step_id or successor in known.outputs
                                       or successor in known.waited or successor in known.retries):
-            successor = None  # a step that waited or backs off: its own claim decides, as usual
+            # Not a step a plan dispatches again, but a claim of one that waited or backs off
+            # decides more than its attempt: its own claim does, as usual.
+            successor = None
         next_attempt = known.next_attempt(successor) if successor is not None else None
+        fenced_at = time.monotonic()  # the lease runs from about now: the claim ahead must not outlive it
         rows = [EventRow(*row) for row in calls.rows(_COMPLETE_STEP, (
             run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq,
             step_id, attempt, json.dumps(payload), fence.now, successor, next_attempt,
@@ -267,9 +271,15 @@ class StepStore(Primitives):
         if successor is None or next_attempt is None or run is None or rows[-1].seq != STARTED:
             return decision
         claim = Claim(ClaimOutcome.RUN, run, next_attempt, log.outputs, log=log)
-        until = time.monotonic() + min(CLAIMED_AHEAD_S, fence.lease_ttl / 2)
+        until = fenced_at + min(CLAIMED_AHEAD_S, fence.lease_ttl / 4)
         self._ahead.claimed = _ClaimedAhead(run_id, successor, fence.generation, until, claim)
         return replace(decision, claimed=successor)
+
+    def drop_claimed_ahead(self) -> None:
+        """Forget this thread's claim ahead: its message was not taken back (it went to the queue
+        for any worker), so no claim may be answered without the journal. The step stays started;
+        the sweep re-drives it after its lease."""
+        self._ahead.claimed = None
 
     def retry_step(self, fence: Fence, step_id: str, attempt: int, *, of: int, error: Mapping[str, Any],
                    backoff_s: float) -> bool:

@@ -117,16 +117,18 @@ class NodePublisher:
                 and (not getattr(held, "others_wait", False)
                      or getattr(held, "own_streak", 0) < OWN_TAKES_WHILE_OTHERS_WAIT))
 
-    def publish_taken(self, args: list[Any]) -> None:
+    def publish_taken(self, args: list[Any]) -> bool:
         """Publish one message and, inside a `taking_next` block, take that very message back:
         LPUSH, then LPOP of the end it was pushed to, in one transaction, so no other worker can
-        have it (its step was claimed for this thread: pal.storage.steps, `claim_next`). If the
-        fast path fails, the message goes through `send_task` to whichever worker takes it; one
-        that is not this thread finds the step started and leaves it, and the sweep re-drives it
-        when its lease lapses."""
-        self._send_or_fall_back([args], own=True)
+        have it (its step was claimed for this thread: pal.storage.steps, `claim_next`). False when
+        it was not taken back: the fast path failed and the message went through `send_task` to
+        whichever worker takes it (one finds the step started and leaves it, and the sweep
+        re-drives it when its lease lapses)."""
+        taken: list[bytes] | None = getattr(self._held, "taken", None)
+        return self._send_or_fall_back([args], own=True) and taken is not None and len(taken) > 0
 
-    def _send_or_fall_back(self, messages_args: list[list[Any]], own: bool = False) -> None:
+    def _send_or_fall_back(self, messages_args: list[list[Any]], own: bool = False) -> bool:
+        """Send on the fast path; True if it did, False if it fell back to `send_task`."""
         try:
             self._send(messages_args, own)
         except Exception as exc:  # the slow path has the retries and raises the errors
@@ -134,8 +136,9 @@ class NodePublisher:
                         len(messages_args), self.task_name, exc)
             for args in messages_args:
                 self.app.send_task(self.task_name, args=args, queue=self.queue_name)
-            return
+            return False
         self.sent += len(messages_args)
+        return True
 
     def _send(self, messages_args: list[list[Any]], own: bool = False) -> None:
         wire = self._wire_of_process()

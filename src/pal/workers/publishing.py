@@ -61,8 +61,8 @@ class TakenBack:
     def can_take(self) -> bool:
         return self._publisher.can_take()
 
-    def publish_and_take(self, run_id: str, step_id: str, generation: int) -> None:
-        self._publisher.publish_taken(_signed(self._app, run_id, step_id, generation))
+    def publish_and_take(self, run_id: str, step_id: str, generation: int) -> bool:
+        return self._publisher.publish_taken(_signed(self._app, run_id, step_id, generation))
 
 
 def _signed(app: Any, run_id: str, step_id: str, generation: int) -> list[Any]:
