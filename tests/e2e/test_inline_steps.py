@@ -7,7 +7,6 @@ the sweep, and hostile messages are refused without stopping the worker. docs/ar
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import threading
@@ -20,7 +19,6 @@ from typing import Any
 
 import pytest
 import redis
-import sqlalchemy as sa
 from kombu.utils.uuid import uuid
 
 from pal.cli.demo import wait_until
@@ -28,6 +26,7 @@ from pal.client import Client
 from pal.workers.task_names import EXECUTE_NODE
 from tests.conftest import Backend
 from tests.support.graphs import failing, linear
+from tests.support.journal_reads import started_in_completions
 from tests.support.processes import Processes
 from tests.support.tools import calls
 
@@ -88,17 +87,6 @@ def children_of(pid: int) -> list[int]:
 
 def unacked(redis_client: redis.Redis, backend: Backend) -> int:
     return int(redis_client.hlen(f"{backend.settings.broker_key_prefix}unacked"))
-
-
-def started_in_completions(client: Client, run_id: str) -> list[str]:
-    """The steps whose step_started is in the transaction of the step_completed just before it (one
-    xmin per transaction)."""
-    with client.runtime.journal.engine.connect() as conn:
-        rows = conn.execute(sa.text(
-            "SELECT xmin::text, kind, step_id FROM journal_events WHERE run_id = :r "
-            "AND kind IN ('step_started', 'step_completed') ORDER BY seq"), {"r": run_id}).all()
-    return [b[2] for a, b in itertools.pairwise(rows)
-            if a[1] == "step_completed" and b[1] == "step_started" and a[0] == b[0]]
 
 
 def test_a_solo_worker_runs_steps_inline_and_flower_sees_each_one(

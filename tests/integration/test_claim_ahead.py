@@ -27,9 +27,11 @@ from pal.engine.recovery import redrive
 from pal.engine.steps import execute_step
 from pal.errors import LeaseLost
 from tests.conftest import Backend
-from tests.integration.test_one_call_steps import Counted, Message, started
 from tests.support.graphs import counted, edge, flaky, linear
+from tests.support.journal_reads import Counted, started, step_transactions
 from tests.support.tools import calls
+
+Message = tuple[str, str, int]  # a doorbell: run, step, generation
 
 
 class TakingWorker:
@@ -63,15 +65,6 @@ def worker(postgres_backend: Backend) -> Iterator[TakingWorker]:
     w.client.close()
 
 
-def transactions_of(client: Client, run_id: str) -> list[tuple[str, str, str]]:
-    """(xmin, kind, step) of the run's step events in seq order: one xmin per transaction."""
-    with client.runtime.journal.engine.connect() as conn:
-        rows = conn.execute(sa.text(
-            "SELECT xmin::text, kind, step_id FROM journal_events WHERE run_id = :r "
-            "AND kind IN ('step_started', 'step_completed') ORDER BY seq"), {"r": run_id}).all()
-    return [(row[0], row[1], row[2]) for row in rows]
-
-
 def test_a_completion_starts_the_successor_its_worker_takes_back(worker: TakingWorker,
                                                                  counter: Path) -> None:
     run_id = worker.client.start_run(linear(counter, 3), {})
@@ -85,7 +78,7 @@ def test_a_completion_starts_the_successor_its_worker_takes_back(worker: TakingW
         worker.deliver(worker.taken.pop(0))
     assert worker.client.get_run(run_id).status == "succeeded"
     assert calls(counter) == ["s0", "s1", "s2"]
-    events = transactions_of(worker.client, run_id)
+    events = step_transactions(worker.client, run_id)
     # Each successor's step_started is in its predecessor's completion's transaction, right after it.
     for (xmin, kind, step), (next_xmin, next_kind, next_step) in itertools.pairwise(events):
         if kind == "step_completed" and step != "out":
@@ -102,9 +95,9 @@ def test_a_claimed_step_is_not_run_by_another_worker_nor_twice(postgres_backend:
         run_id = worker.client.start_run(linear(counter, 2), {})
         worker.deliver(worker.outbox.pop(0))
         s0 = worker.taken.pop(0)
-        before = transactions_of(worker.client, run_id)
+        before = step_transactions(worker.client, run_id)
         assert other.deliver(s0) == "duplicate"
-        assert transactions_of(worker.client, run_id) == before and calls(counter) == []
+        assert step_transactions(worker.client, run_id) == before and calls(counter) == []
         assert worker.deliver(s0) == "completed"
         assert worker.deliver(s0) == "completed"  # a second copy: the step is done, nothing runs
         assert calls(counter) == ["s0"] and started(worker.client, run_id, "s0") == [1]
@@ -192,11 +185,11 @@ def test_a_fenced_out_completion_claims_nothing(worker: TakingWorker, counter: P
     program = worker.client.runtime.program_of(claim.run)
     with journal.engine.begin() as conn:  # another generation takes the lease
         conn.execute(sa.text("UPDATE run_locks SET generation = 7 WHERE run_id = :r"), {"r": run_id})
-    before = transactions_of(worker.client, run_id)
+    before = step_transactions(worker.client, run_id)
     with pytest.raises(LeaseLost):
         journal.complete_step(Fence(run_id, 1, "w", utcnow(), 30), "s1", claim.attempt, {"value": 1},
                               plan=lambda done: program.handoff(done, "s1"), claim_next=True)
-    assert transactions_of(worker.client, run_id) == before
+    assert step_transactions(worker.client, run_id) == before
 
 
 def test_a_worker_busy_with_a_hundred_runs_still_claims_each_in_one_call(worker: TakingWorker,

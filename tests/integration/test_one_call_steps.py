@@ -24,9 +24,9 @@ from pal.core.records import Fence
 from pal.engine.recovery import redrive
 from pal.engine.steps import execute_step
 from pal.errors import LeaseLost
-from pal.storage.one_call import FunctionCall
 from tests.conftest import Backend
 from tests.support.graphs import branching, counted, edge, flaky, linear
+from tests.support.journal_reads import Counted, started
 from tests.support.tools import calls
 
 Message = tuple[str, str, int]
@@ -55,10 +55,6 @@ def two_processes(backend: Backend) -> Iterator[tuple[Process, Process]]:
 @pytest.fixture
 def two(backend: Backend) -> Iterator[tuple[Process, Process]]:
     yield from two_processes(backend)
-
-
-def started(client: Client, run_id: str, step_id: str) -> list[int | None]:
-    return [e.attempt for e in client.events(run_id) if e.kind == "step_started" and e.step_id == step_id]
 
 
 def test_a_stale_process_does_not_run_a_step_another_completed(two: tuple[Process, Process],
@@ -144,29 +140,6 @@ def test_a_completion_fenced_out_mid_step_is_refused(two: tuple[Process, Process
 
 
 # ------------------------------------------------------------------------------ Postgres only
-
-
-class Counted:
-    """Counts the autocommit calls and the transactions of a journal."""
-
-    def __init__(self, client: Client) -> None:
-        journal = client.runtime.journal
-        self.calls: list[str] = []
-        self.transactions = 0
-        autocommit = journal.calls
-        assert autocommit is not None
-        original = autocommit.rows
-
-        def rows(call: FunctionCall, params: Any) -> Any:
-            self.calls.append(call.function)
-            return original(call, params)
-
-        autocommit.rows = rows  # type: ignore[method-assign]
-
-        def begun(*_: Any) -> None:
-            self.transactions += 1
-
-        sa.event.listen(journal.engine, "begin", begun)
 
 
 def test_a_warm_step_is_one_call_to_claim_and_one_to_complete(postgres_backend: Backend,

@@ -51,6 +51,11 @@ _COMPLETE_FENCE = "SELECT * FROM pal_complete_fence(%s, %s, %s, %s, %s, %s, %s, 
 _START_STEP = "SELECT pal_start_step(%s, %s, %s, %s, %s::jsonb, %s)"
 
 
+def started_payload(fence: Fence, attempt: int) -> dict[str, Any]:
+    """What a `step_started` records: the attempt, and the worker that claimed it."""
+    return {"attempt": attempt, "worker": fence.worker_id}
+
+
 class Primitives(StoreBase):
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
@@ -105,7 +110,7 @@ class Primitives(StoreBase):
 
     def _start(self, conn: sa.Connection, fence: Fence, step_id: str, attempt: int) -> int | None:
         """Append `step_started`: its seq, None if this attempt was claimed under this generation."""
-        payload = {"attempt": attempt, "worker": fence.worker_id}
+        payload = started_payload(fence, attempt)
         if self.calls is None:
             return self._append(conn, fence.run_id, step_id, attempt, EventKind.STEP_STARTED, payload,
                                 fence.generation, fence.now, on_conflict_skip=True)

@@ -35,7 +35,7 @@ from pal.storage.base import (
     lease_lost,
 )
 from pal.storage.one_call import AutocommitCalls, FunctionCall
-from pal.storage.primitives import Primitives
+from pal.storage.primitives import Primitives, started_payload
 from pal.storage.schema import runs
 
 _READ_LOG = FunctionCall.of("pal_read_log", ("text", "integer", "bigint"))
@@ -61,6 +61,15 @@ class _ClaimedAhead:
     generation: int
     until: float  # time.monotonic()
     claim: Claim
+
+
+def _predictable(known: StepLog, step_id: str, fence: Fence) -> bool:
+    """Whether a one-call claim of the step can be predicted from this log: it has not completed,
+    does not wait, and is not backing off. Otherwise a transaction decides."""
+    if step_id in known.outputs or step_id in known.waited:
+        return False
+    due = known.backoff_due(step_id)
+    return due is None or due <= fence.now
 
 
 class _NotReady(Exception):
@@ -139,7 +148,7 @@ class StepStore(Primitives):
         caller then decides in a transaction."""
         run_id = fence.run_id
         run, known = self._claimed_runs.get(run_id), self._known_log(run_id)
-        if run is None or step_id in known.outputs or step_id in known.waited:
+        if run is None or not _predictable(known, step_id, fence):
             return None
         needed: frozenset[str] | None = None
         if ready is not None and not ready(run, known.outputs):
@@ -150,15 +159,11 @@ class StepStore(Primitives):
             needed = needs(run, known.outputs) if needs is not None else None
             if needed is None:
                 fresh = self._read_ahead(calls, fence, known)
-                if fresh is None or step_id in fresh.outputs or step_id in fresh.waited \
-                        or not ready(run, fresh.outputs):
+                if fresh is None or not _predictable(fresh, step_id, fence) or not ready(run, fresh.outputs):
                     return None  # the transaction decides, and refuses a step that is not ready
                 known = fresh
-        due = known.backoff_due(step_id)
-        if due is not None and due > fence.now:
-            return None
         attempt = known.next_attempt(step_id)
-        payload = json.dumps({"attempt": attempt, "worker": fence.worker_id})
+        payload = json.dumps(started_payload(fence, attempt))
         rows = [EventRow(*row) for row in calls.rows(_CLAIM_STEP, (
             run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq,
             step_id, attempt, payload, fence.now, not known.outputs, sorted(needed) if needed else None))]
@@ -247,19 +252,19 @@ class StepStore(Primitives):
         decision = plan(WithOne(known.outputs, step_id, payload["output"]))
         if decision.finished or not decision.dispatch:
             return None
-        successor = decision.dispatch[0] if claim_next and len(decision.dispatch) == 1 else None
+        # The successor is claimed as the one-call claim would claim it: from the same log, which
+        # the function checks is the latest.
         run = self._claimed_runs.get(run_id)
-        if successor is not None and (run is None or successor == step_id or successor in known.outputs
-                                      or successor in known.waited or successor in known.retries):
-            # Not a step a plan dispatches again, but a claim of one that waited or backs off
-            # decides more than its attempt: its own claim does, as usual.
+        successor = decision.dispatch[0] if claim_next and len(decision.dispatch) == 1 else None
+        if successor is not None and (run is None or successor == step_id
+                                      or not _predictable(known, successor, fence)):
             successor = None
-        next_attempt = known.next_attempt(successor) if successor is not None else None
+        next_attempt = known.next_attempt(successor) if successor is not None else 0
         fenced_at = time.monotonic()  # the lease runs from about now: the claim ahead must not outlive it
         rows = [EventRow(*row) for row in calls.rows(_COMPLETE_STEP, (
             run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq,
-            step_id, attempt, json.dumps(payload), fence.now, successor, next_attempt,
-            json.dumps({"attempt": next_attempt, "worker": fence.worker_id}) if successor else None))]
+            step_id, attempt, json.dumps(payload), fence.now, successor, next_attempt if successor else None,
+            json.dumps(started_payload(fence, next_attempt)) if successor else None))]
         if not rows:
             return None
         if rows[0].seq == FENCED_OUT:
@@ -268,7 +273,7 @@ class StepStore(Primitives):
             return Handoff(dispatch=(), finished=False)
         log = known.extended(rows[:1])
         self._remember(run_id, log)  # the call has committed
-        if successor is None or next_attempt is None or run is None or rows[-1].seq != STARTED:
+        if run is None or successor is None or rows[-1].seq != STARTED:
             return decision
         claim = Claim(ClaimOutcome.RUN, run, next_attempt, log.outputs, log=log)
         until = fenced_at + min(CLAIMED_AHEAD_S, fence.lease_ttl / 4)

@@ -114,8 +114,7 @@ class NodePublisher:
         held = self._held
         return (getattr(held, "taken", None) is not None and getattr(held, "args", None) is None
                 and time.monotonic() < held.until
-                and (not getattr(held, "others_wait", False)
-                     or getattr(held, "own_streak", 0) < OWN_TAKES_WHILE_OTHERS_WAIT))
+                and getattr(held, "own_streak", 0) < OWN_TAKES_WHILE_OTHERS_WAIT)
 
     def publish_taken(self, args: list[Any]) -> bool:
         """Publish one message and, inside a `taking_next` block, take that very message back:
@@ -156,8 +155,9 @@ class NodePublisher:
             self._drop(wire)  # the next send connects afresh
             raise
         if taken is not None:
-            others_wait = self._held.others_wait = isinstance(replies[-1], int) and replies[-1] > 0
-            # own takes in a row while others waited: the queue's oldest, or an empty queue, resets it
+            # Own takes in a row while others waited (LLEN): the queue's oldest, or an empty queue,
+            # resets it.
+            others_wait = isinstance(replies[-1], int) and replies[-1] > 0
             self._held.own_streak = getattr(self._held, "own_streak", 0) + 1 if own and others_wait else 0
             if isinstance(replies[-2], bytes):
                 taken.append(replies[-2])  # taken even if another command failed: EXEC ran the pop

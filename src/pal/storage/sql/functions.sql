@@ -208,10 +208,7 @@ AS $function$
             -- itself (a solo worker takes the successor's own message back as it publishes it).
             -- Its attempt starts in this transaction, after the completion it follows: the
             -- caller's claim of it needs no statement of its own (migration 0020).
-            INSERT INTO journal_events (run_id, step_id, attempt, kind, payload, generation, created_at)
-            VALUES (p_run, p_next, p_next_attempt, 'step_started', p_next_payload, p_generation, p_at)
-            ON CONFLICT DO NOTHING
-            RETURNING journal_events.seq INTO v_seq;
+            v_seq := pal_start_step(p_run, p_next, p_next_attempt, p_generation, p_next_payload, p_at);
             IF v_seq IS NULL THEN
                 RETURN QUERY SELECT -4::bigint, NULL::text, 'duplicate'::text, NULL::jsonb;
                 RETURN;

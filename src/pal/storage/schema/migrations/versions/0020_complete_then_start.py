@@ -24,7 +24,7 @@ down_revision = "0019"
 branch_labels = None
 depends_on = None
 
-SQL_SHA256 = "366ca559bc85f4d0d34ef4ad69a2affac8c42d69abd49e63b040df90592c7693"
+SQL_SHA256 = "abf66693c3f87ae75a89c9527b793cc87fd0d20fbce04c66a69f19392d1a28b1"
 
 
 def upgrade() -> None:
