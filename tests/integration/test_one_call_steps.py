@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg2.extras
 import pytest
 import sqlalchemy as sa
 
@@ -253,8 +254,14 @@ def test_a_step_after_a_choice_reads_the_log_before_its_claim(two_on_postgres: t
 def prepared_statements(connection: Any) -> dict[str, int]:
     """The statements prepared in a DBAPI connection's session, with how often each was used."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT name, generic_plans + custom_plans FROM pg_prepared_statements")
+        executed(connection, cursor, "SELECT name, generic_plans + custom_plans FROM pg_prepared_statements")
         return dict(cursor.fetchall())
+
+
+def executed(connection: Any, cursor: Any, statement: str) -> None:
+    """Execute on the journal's own connection, which is asynchronous (pal.storage.one_call)."""
+    cursor.execute(statement)
+    psycopg2.extras.wait_select(connection)
 
 
 def test_the_step_calls_are_prepared_once_per_connection(postgres_backend: Backend, counter: Path) -> None:
@@ -300,13 +307,13 @@ def test_a_session_without_our_prepared_calls_runs_them_unprepared(postgres_back
         if elsewhere == "names taken":  # before this connection's first call
             with connection.cursor() as cursor:
                 for name in others:
-                    cursor.execute(f"PREPARE {name} AS SELECT 1")
+                    executed(connection, cursor, f"PREPARE {name} AS SELECT 1")
         for _ in range(3):  # start, s0, s1: s1 is a warm step
             assert a.deliver(a.outbox.pop(0)) == "completed"
         if elsewhere == "statements gone":
             assert prepared() == others  # ours, so far
             with connection.cursor() as cursor:
-                cursor.execute("DEALLOCATE ALL")
+                executed(connection, cursor, "DEALLOCATE ALL")
             others = []
         counted_calls = Counted(a.client)
         while a.outbox:

@@ -162,9 +162,9 @@ def count_calls(journal: Journal) -> list[str]:
     made: list[str] = []
     rows = calls.rows
 
-    def counted(call: FunctionCall, params: Any) -> list[tuple[Any, ...]]:
+    def counted(call: FunctionCall, params: Any, meanwhile: Any = None) -> list[tuple[Any, ...]]:
         made.append(call.function)
-        return rows(call, params)
+        return rows(call, params, meanwhile)
 
     calls.rows = counted  # type: ignore[method-assign]
     return made

@@ -28,9 +28,9 @@ class Counted:
         assert autocommit is not None
         original = autocommit.rows
 
-        def rows(call: FunctionCall, params: Any) -> Any:
+        def rows(call: FunctionCall, params: Any, meanwhile: Any = None) -> Any:
             self.calls.append(call.function)
-            return original(call, params)
+            return original(call, params, meanwhile)
 
         autocommit.rows = rows  # type: ignore[method-assign]
 

@@ -198,6 +198,8 @@ class Receipt:
 
 Plan = Callable[[Mapping[str, Any]], Handoff]
 """plan(completed): what the run does next given every completed step's output."""
+Meanwhile = Callable[[Handoff], object]
+"""meanwhile(decision): work done while a completion that will hand off `decision` is on its way."""
 Frontier = Callable[[Mapping[str, Any]], Sequence[str]]
 """frontier(completed): the steps a plan finds ready (in flight or waiting), as in a re-drive."""
 Ready = Callable[[RunRecord, Mapping[str, Any]], bool]

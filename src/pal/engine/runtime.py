@@ -35,8 +35,16 @@ from pal.tools import load_tool_modules
 
 
 class Publish(Protocol):
-    def __call__(self, run_id: str, step_id: str, generation: int, *, countdown: float = 0.0) -> None:
-        """Ring the doorbell for one step, now or `countdown` seconds from now."""
+    def __call__(self, run_id: str, step_id: str, generation: int, *, countdown: float = 0.0,
+                 built: object = None) -> None:
+        """Ring the doorbell for one step, now or `countdown` seconds from now (`built`: its
+        message as its `build` made it, if it did: BuildMessage)."""
+
+
+BuildMessage = Callable[[str, str, int], object]
+"""build(run_id, step_id, generation): a doorbell's message built ahead of its publish, to be passed
+to it as `built` (None when it cannot be built now). A publish that can do this carries it as its
+`build` attribute (pal.workers.publishing); one replaced by another (a test's outbox) does not."""
 
 
 class OwnMessages(Protocol):
@@ -46,7 +54,7 @@ class OwnMessages(Protocol):
     def can_take(self) -> bool:
         """Whether this thread's next publish will take its own message back."""
 
-    def publish_and_take(self, run_id: str, step_id: str, generation: int) -> bool:
+    def publish_and_take(self, run_id: str, step_id: str, generation: int, built: object = None) -> bool:
         """Ring the doorbell for one step and take that very message back, for this thread to run
         next; False when it was published but not taken back (any worker may take it)."""
 
@@ -114,18 +122,34 @@ class Runtime:
         `claimed`): this thread will run that successor's message itself."""
         return self.own_messages is not None and self.own_messages.can_take()
 
+    def build_hand_off(self, run_id: str, successors: Sequence[str], generation: int) -> dict[str, object]:
+        """The successors' messages, built while the completion that must commit before they are
+        sent is on its way to the journal (pal.engine.steps): the worker's work overlaps the
+        journal's. Empty unless the publish builds messages ahead (its `build`, BuildMessage)."""
+        build: BuildMessage | None = getattr(self.publish, "build", None)
+        if build is None:
+            return {}
+        built = ((successor, build(run_id, successor, generation)) for successor in successors)
+        return {successor: message for successor, message in built if message is not None}
+
     def hand_off(self, run_id: str, step_id: str, successors: Sequence[str], generation: int,
-                 claimed: str | None = None) -> None:
+                 claimed: str | None = None, built: Mapping[str, object] | None = None) -> None:
         """Ring the successors of a completed step, only after its completion has committed: a
         crash before (the fault points) leaves a lease that lapses, and the sweep re-drives them.
         `claimed`: the successor whose attempt the completion started for this thread, whose
-        message this thread takes back to run next."""
+        message this thread takes back to run next. `built`: messages `build_hand_off` made."""
         faults.point("after_complete_commit", step_id, run_id)
         for successor in successors:
             faults.point("before_publish", step_id, run_id)
+            message = built.get(successor) if built else None
             if successor == claimed and self.own_messages is not None:
-                if not self.own_messages.publish_and_take(run_id, successor, generation):
+                taken = (self.own_messages.publish_and_take(run_id, successor, generation, built=message)
+                         if message is not None else
+                         self.own_messages.publish_and_take(run_id, successor, generation))
+                if not taken:
                     self.journal.drop_claimed_ahead()
+            elif message is not None:
+                self.publish(run_id, successor, generation, built=message)
             else:
                 self.publish(run_id, successor, generation)
 

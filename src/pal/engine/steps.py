@@ -19,7 +19,7 @@ from pal.core.budgets import Breach, OnBreach
 from pal.core.clock import utcnow
 from pal.core.failures import failure_payload
 from pal.core.limits import output_problem
-from pal.core.records import Claim, ClaimOutcome, Receipt, RunRecord, Usage
+from pal.core.records import Claim, ClaimOutcome, Handoff, Receipt, RunRecord, Usage
 from pal.core.redact import redact, redact_text
 from pal.core.secrets import scrub_known
 from pal.engine.gate import gate
@@ -218,17 +218,26 @@ def _complete(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generatio
     """Step protocol, phase 3: journal the completion, then (only after it committed) publish."""
     # A worker that runs its next message itself lets the completion start its one successor too.
     claim_next = rt.takes_own_message()
+    built: dict[str, object] = {}
+
+    def build(decision: Handoff) -> None:  # while the completion is on its way: sent only once it commits
+        try:
+            built.update(rt.build_hand_off(run.id, decision.dispatch, generation))
+        except Exception:  # the publish builds what was not built ahead
+            log.warning("run %s step %s: successors' messages not built ahead", run.id, step_id,
+                        exc_info=True)
+
     try:
         handoff = _once_more_if_disconnected(lambda: rt.journal.complete_step(
             rt.fence(run.id, generation), step_id, attempt, result.output,
             plan=lambda completed: program.handoff(completed, step_id), usage=result.usage,
-            frontier=program.redrive_steps, claim_next=claim_next))
+            frontier=program.redrive_steps, claim_next=claim_next, meanwhile=build))
     except LeaseLost:
         log.warning("run %s step %s: fenced out (generation %d)", run.id, step_id, generation)
         return StepResult("fenced")
     # A crash before the publish leaves a lease that expires and the sweep re-drives the successors
     # (a successor the completion started too is resumed with the same attempt).
-    rt.hand_off(run.id, step_id, handoff.dispatch, generation, claimed=handoff.claimed)
+    rt.hand_off(run.id, step_id, handoff.dispatch, generation, claimed=handoff.claimed, built=built)
     if handoff.finished:
         _wake_parent(rt, run.parent_run_id)
     return StepResult("completed", handoff.dispatch, handoff.finished, usage=result.usage)

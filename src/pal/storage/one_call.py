@@ -4,21 +4,25 @@ On Postgres a claim, and a completion that only hands off, are each one call of 
 function that is atomic by itself (migrations 0005 and 0006), prepared once per connection.
 Such a call needs no BEGIN or COMMIT round trip, and none of the pool's checkout, reset and
 checkin around it either: on a busy worker those cost more than the call. The connections are
-the engine's own (same URL and options), taken from its pool and detached from it. Disposing the
-engine closes them; a forked child never uses its parent's (it opens its own).
+opened with the engine's URL and options, outside its pool, in psycopg2's asynchronous mode (always
+autocommit): a call is sent, then waited for, so a caller can work while Postgres runs the call
+(`rows(..., meanwhile=...)`; docs/architecture.md, "Messages built while the completion is on its
+way"). Disposing the engine closes them; a forked child never uses its parent's (it opens its own).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from psycopg2.extensions import POLL_OK, POLL_READ, POLL_WRITE
 from sqlalchemy.engine import Engine
 
 from pal.errors import journal_error
@@ -60,13 +64,18 @@ class AutocommitCalls:
         self._held: list[tuple[int, Any]] = []  # (pid, connection) of every thread's connection
         sa.event.listen(engine, "engine_disposed", self._on_disposed)
 
-    def rows(self, call: FunctionCall, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def rows(self, call: FunctionCall, params: Sequence[Any],
+             meanwhile: Callable[[], object] | None = None) -> list[tuple[Any, ...]]:
         """Run one call as its own transaction; its rows. StorageError on failure, with
-        `disconnected` set when the connection is gone (the next call opens a new one)."""
+        `disconnected` set when the connection is gone (the next call opens a new one).
+
+        `meanwhile` runs once the call is on its way to Postgres, before its reply is awaited:
+        work that does not depend on the reply overlaps the server's (pal.engine.steps builds
+        the successors' messages there). It runs even if the call then fails."""
         connection = self._connection()
         try:
             with connection.cursor() as cursor:
-                self._execute(connection, cursor, call, params)
+                self._execute(connection, cursor, call, params, meanwhile)
                 rows: list[tuple[Any, ...]] = cursor.fetchall()
                 return rows
         except self._dbapi.Error as exc:
@@ -75,24 +84,31 @@ class AutocommitCalls:
             if lost:
                 self._forget(connection)
             raise journal_error(str(exc), disconnected=bool(lost)) from exc
+        except BaseException:
+            # Raised in this thread while a reply was awaited (a signal's handler, an exception
+            # another thread raised here): the statement's fate is unknown, the connection unusable.
+            if connection.isexecuting():
+                self._forget(connection)
+            raise
 
-    def _execute(self, connection: Any, cursor: Any, call: FunctionCall, params: Sequence[Any]) -> None:
+    def _execute(self, connection: Any, cursor: Any, call: FunctionCall, params: Sequence[Any],
+                 meanwhile: Callable[[], object] | None) -> None:
         """Execute the call by its prepared name, preparing it first on this connection's first
         use; unprepared once the connection has shown that it cannot keep statements."""
         prepared: set[str] | None = self._local.prepared
         if prepared is None:  # this connection keeps no prepared statements
-            cursor.execute(call.plain, params)
+            _sent_and_done(connection, cursor, call.plain, params, meanwhile)
             return
         try:
             if call.function not in prepared:
-                cursor.execute(call.prepare)
+                _sent_and_done(connection, cursor, call.prepare, None, None)
                 prepared.add(call.function)
-            cursor.execute(call.execute, params)
+            _sent_and_done(connection, cursor, call.execute, params, meanwhile)
         except self._dbapi.Error as exc:
             if getattr(exc, "pgcode", None) not in _STATEMENT_ELSEWHERE or connection.closed:
                 raise
             self._local.prepared = None  # from now on this connection calls the functions unprepared
-            cursor.execute(call.plain, params)
+            _sent_and_done(connection, cursor, call.plain, params, None)
 
     def _connection(self) -> Any:
         held = getattr(self._local, "held", None)
@@ -102,12 +118,11 @@ class AutocommitCalls:
         if engine is None:
             raise journal_error("the engine was garbage-collected")
         try:
-            fairy = engine.raw_connection()
-        except sa.exc.DBAPIError as exc:
-            raise journal_error(str(exc.orig)) from exc
-        fairy.detach()  # ours now: the pool neither resets nor hands it to anyone else
-        connection: Any = fairy.dbapi_connection
-        connection.autocommit = True
+            cargs, cparams = engine.dialect.create_connect_args(engine.url)
+            connection: Any = self._dbapi.connect(*cargs, **cparams, async_=True)
+            _wait(connection)
+        except self._dbapi.Error as exc:
+            raise journal_error(str(exc)) from exc
         self._local.held = (os.getpid(), connection)
         self._local.prepared = set()  # the functions whose call this connection has PREPAREd
         with self._lock:
@@ -128,6 +143,36 @@ class AutocommitCalls:
         for pid, connection in held:
             if pid == os.getpid():
                 connection.close()
+
+
+def _sent_and_done(connection: Any, cursor: Any, statement: str, params: Sequence[Any] | None,
+                   meanwhile: Callable[[], object] | None) -> None:
+    """Send one statement on an asynchronous connection, run `meanwhile`, then wait for the reply
+    (an error in it is raised here, as the blocking driver would raise it from `execute`)."""
+    cursor.execute(statement, params)
+    if meanwhile is not None:
+        try:
+            meanwhile()
+        finally:
+            _wait(connection)
+        return
+    _wait(connection)
+
+
+def _wait(connection: Any) -> None:
+    """Block until the connection's pending operation is done, as psycopg2's own blocking calls
+    would (psycopg2.extras.wait_select, without its handling of Ctrl-C, which a worker leaves to
+    its signal handlers)."""
+    while True:
+        state = connection.poll()
+        if state == POLL_OK:
+            return
+        if state == POLL_READ:
+            select.select([connection], [], [])
+        elif state == POLL_WRITE:
+            select.select([], [connection], [])
+        else:
+            raise connection.OperationalError(f"bad state from poll: {state}")
 
 
 _by_engine: weakref.WeakKeyDictionary[Engine, AutocommitCalls] = weakref.WeakKeyDictionary()

@@ -20,7 +20,18 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from pal.core import retry
-from pal.core.records import Claim, ClaimOutcome, Fence, Frontier, Handoff, Needs, Plan, Ready, Usage
+from pal.core.records import (
+    Claim,
+    ClaimOutcome,
+    Fence,
+    Frontier,
+    Handoff,
+    Meanwhile,
+    Needs,
+    Plan,
+    Ready,
+    Usage,
+)
 from pal.core.step_log import StepLog
 from pal.core.views import WithOne
 from pal.core.vocabulary import TERMINAL_STATUSES, EventKind, RunStatus
@@ -201,7 +212,7 @@ class StepStore(Primitives):
 
     def complete_step(self, fence: Fence, step_id: str, attempt: int, output: Any, *, plan: Plan,
                       usage: Usage | None = None, frontier: Frontier | None = None,
-                      claim_next: bool = False) -> Handoff:
+                      claim_next: bool = False, meanwhile: Meanwhile | None = None) -> Handoff:
         """Step protocol, phase 3: `step_completed`, successor hand-off and maybe the finish,
         in one transaction fenced by generation. Raises LeaseLost when fenced out.
 
@@ -211,7 +222,11 @@ class StepStore(Primitives):
         `claim_next`: the caller will run the hand-off's successor itself when there is only one
         (a solo worker takes its message back as it publishes it). The same transaction then
         starts the successor's attempt, when a one-call completion can (`Handoff.claimed` names it),
-        and this thread's next claim of it, at this generation, is answered without a statement."""
+        and this thread's next claim of it, at this generation, is answered without a statement.
+
+        `meanwhile(decision)` runs while a one-call completion is on its way, with the hand-off it
+        will make if it commits as planned (the caller prepares the successors' messages); it must
+        not raise. Nothing is published before the completion has committed."""
         payload: dict[str, Any] = {"output": json_safe(output)}
         if usage is not None and (usage.input_tokens or usage.output_tokens or usage.cost_usd):
             payload["usage"] = {"input_tokens": usage.input_tokens,
@@ -219,7 +234,7 @@ class StepStore(Primitives):
                                 "cost_usd": str(usage.cost_usd)}
         if self.calls is not None and "usage" not in payload:
             handoff = self._complete_in_one_call(self.calls, fence, step_id, attempt, payload, plan,
-                                                 claim_next)
+                                                 claim_next, meanwhile)
             if handoff is not None:
                 return handoff
         with self._tx() as conn:
@@ -236,7 +251,8 @@ class StepStore(Primitives):
             return decision
 
     def _complete_in_one_call(self, calls: AutocommitCalls, fence: Fence, step_id: str, attempt: int,
-                              payload: Mapping[str, Any], plan: Plan, claim_next: bool) -> Handoff | None:
+                              payload: Mapping[str, Any], plan: Plan, claim_next: bool,
+                              meanwhile: Meanwhile | None) -> Handoff | None:
         """Postgres: a completion that only hands off, as one autocommit call of
         `pal_complete_step_then` (migrations 0006 and 0020).
 
@@ -264,7 +280,8 @@ class StepStore(Primitives):
         rows = [EventRow(*row) for row in calls.rows(_COMPLETE_STEP, (
             run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq,
             step_id, attempt, json.dumps(payload), fence.now, successor, next_attempt if successor else None,
-            json.dumps(started_payload(fence, next_attempt)) if successor else None))]
+            json.dumps(started_payload(fence, next_attempt)) if successor else None),
+            meanwhile=None if meanwhile is None else lambda: meanwhile(decision))]
         if not rows:
             return None
         if rows[0].seq == FENCED_OUT:

@@ -28,6 +28,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -48,6 +49,15 @@ CONTENT_ENCODING = "utf-8"
 PERSISTENT = 2  # AMQP delivery mode of a task message, as Celery sets it
 TRANSIENT = 1  # the event exchange's delivery mode
 SENT_ROUTING_KEY = "task.sent"  # the task-sent event's routing key, as Celery sends it
+
+
+@dataclass(frozen=True)
+class Built:
+    """A message built ahead of its publish (`NodePublisher.build`): its arguments, and the Redis
+    commands that queue it and send its task-sent event."""
+
+    args: list[Any]
+    commands: list[tuple[str, ...]]
 
 
 class NodePublisher:
@@ -90,7 +100,7 @@ class NodePublisher:
         if getattr(self._held, "args", None) is not None:
             yield
             return
-        held: list[list[Any]] = []
+        held: list[list[Any] | Built] = []
         self._held.args = held
         try:
             yield
@@ -99,13 +109,24 @@ class NodePublisher:
         if held:
             self._send_or_fall_back(held)
 
-    def publish(self, args: list[Any]) -> None:
-        """Publish one message, or hold it for the thread's open batch."""
+    def publish(self, message: list[Any] | Built) -> None:
+        """Publish one message (its arguments, or the message `build` made of them), or hold it
+        for the thread's open batch."""
         held = getattr(self._held, "args", None)
         if held is not None:
-            held.append(args)
+            held.append(message)
             return
-        self._send_or_fall_back([args])
+        self._send_or_fall_back([message])
+
+    def build(self, args: list[Any]) -> Built | None:
+        """The message for `args`, built now to be published later (while the completion that must
+        commit first is on its way: pal.engine.steps); None when the broker cannot be reached now
+        (the publish then builds it, or falls back to `send_task`)."""
+        try:
+            return Built(args, self._commands(args, self._wire_of_process()))
+        except Exception as exc:  # the publish decides what a broker that is down means
+            log.debug("a %s message was not built ahead: %r", self.task_name, exc)
+            return None
 
     def can_take(self) -> bool:
         """Whether this thread's next publish, outside a batch, may take its own message back
@@ -116,7 +137,7 @@ class NodePublisher:
                 and time.monotonic() < held.until
                 and getattr(held, "own_streak", 0) < OWN_TAKES_WHILE_OTHERS_WAIT)
 
-    def publish_taken(self, args: list[Any]) -> bool:
+    def publish_taken(self, message: list[Any] | Built) -> bool:
         """Publish one message and, inside a `taking_next` block, take that very message back:
         LPUSH, then LPOP of the end it was pushed to, in one transaction, so no other worker can
         have it (its step was claimed for this thread: pal.storage.steps, `claim_next`). False when
@@ -124,24 +145,26 @@ class NodePublisher:
         whichever worker takes it (one finds the step started and leaves it, and the sweep
         re-drives it when its lease lapses)."""
         taken: list[bytes] | None = getattr(self._held, "taken", None)
-        return self._send_or_fall_back([args], own=True) and taken is not None and len(taken) > 0
+        return self._send_or_fall_back([message], own=True) and taken is not None and len(taken) > 0
 
-    def _send_or_fall_back(self, messages_args: list[list[Any]], own: bool = False) -> bool:
+    def _send_or_fall_back(self, messages: list[list[Any] | Built], own: bool = False) -> bool:
         """Send on the fast path; True if it did, False if it fell back to `send_task`."""
         try:
-            self._send(messages_args, own)
+            self._send(messages, own)
         except Exception as exc:  # the slow path has the retries and raises the errors
             log.warning("fast publish of %d %s message(s) failed (%r); sending through send_task",
-                        len(messages_args), self.task_name, exc)
-            for args in messages_args:
+                        len(messages), self.task_name, exc)
+            for message in messages:
+                args = message.args if isinstance(message, Built) else message
                 self.app.send_task(self.task_name, args=args, queue=self.queue_name)
             return False
-        self.sent += len(messages_args)
+        self.sent += len(messages)
         return True
 
-    def _send(self, messages_args: list[list[Any]], own: bool = False) -> None:
+    def _send(self, messages: list[list[Any] | Built], own: bool = False) -> None:
         wire = self._wire_of_process()
-        commands = [command for args in messages_args for command in self._commands(args, wire)]
+        commands = [command for message in messages for command in
+                    (message.commands if isinstance(message, Built) else self._commands(message, wire))]
         taken: list[bytes] | None = getattr(self._held, "taken", None)
         self._held.taken = None  # one take per block
         if taken is not None and not own and time.monotonic() >= self._held.until:

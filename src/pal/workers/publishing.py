@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from pal.engine.runtime import Publish, PublishBatch
-from pal.workers.node_messages import NodePublisher
+from pal.workers.node_messages import Built, NodePublisher
 from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
 
 
@@ -18,11 +18,13 @@ def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None) -> 
     """`app` is the PalCelery whose runtime signs the messages; `node_publisher` its Redis fast path."""
     batching = threading.local()  # the producer of this thread's open publish batch, if any
 
-    def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0) -> None:
-        args = _signed(app, run_id, step_id, generation)
+    def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0,
+                built: object = None) -> None:
         if node_publisher is not None and countdown <= 0:
-            node_publisher.publish(args)  # held if a batch is open
+            message = built if isinstance(built, Built) else _signed(app, run_id, step_id, generation)
+            node_publisher.publish(message)  # held if a batch is open
             return
+        args = _signed(app, run_id, step_id, generation)
         # A countdown is held by the consuming worker's timer, not by a blocked process.
         app.send_task(EXECUTE_NODE, args=args, queue=queue,
                       countdown=countdown if countdown > 0 else None,
@@ -47,6 +49,12 @@ def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None) -> 
             finally:
                 batching.producer = None
 
+    if node_publisher is not None:
+        def build(run_id: str, step_id: str, generation: int) -> object:
+            """A doorbell's message, signed, built ahead of its publish (pal.engine.runtime.BuildMessage)."""
+            return node_publisher.build(_signed(app, run_id, step_id, generation))
+        publish.build = build  # type: ignore[attr-defined]
+
     return publish, publish_batch
 
 
@@ -61,8 +69,11 @@ class TakenBack:
     def can_take(self) -> bool:
         return self._publisher.can_take()
 
-    def publish_and_take(self, run_id: str, step_id: str, generation: int) -> bool:
-        return self._publisher.publish_taken(_signed(self._app, run_id, step_id, generation))
+    def publish_and_take(self, run_id: str, step_id: str, generation: int, built: object = None) -> bool:
+        return self._publisher.publish_taken(
+            built if isinstance(built, Built) else _signed(self._app, run_id, step_id, generation))
+
+
 
 
 def _signed(app: Any, run_id: str, step_id: str, generation: int) -> list[Any]:
