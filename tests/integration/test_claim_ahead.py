@@ -50,7 +50,7 @@ class TakingWorker:
     def can_take(self) -> bool:
         return self.takes
 
-    def publish_and_take(self, run_id: str, step_id: str, generation: int) -> bool:
+    def publish_and_take(self, run_id: str, step_id: str, generation: int, built: object = None) -> bool:
         (self.taken if self.takes_back else self.outbox).append((run_id, step_id, generation))
         return self.takes_back
 

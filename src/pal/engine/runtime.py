@@ -143,10 +143,7 @@ class Runtime:
             faults.point("before_publish", step_id, run_id)
             message = built.get(successor) if built else None
             if successor == claimed and self.own_messages is not None:
-                taken = (self.own_messages.publish_and_take(run_id, successor, generation, built=message)
-                         if message is not None else
-                         self.own_messages.publish_and_take(run_id, successor, generation))
-                if not taken:
+                if not self.own_messages.publish_and_take(run_id, successor, generation, built=message):
                     self.journal.drop_claimed_ahead()
             elif message is not None:
                 self.publish(run_id, successor, generation, built=message)

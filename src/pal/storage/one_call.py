@@ -150,13 +150,11 @@ def _sent_and_done(connection: Any, cursor: Any, statement: str, params: Sequenc
     """Send one statement on an asynchronous connection, run `meanwhile`, then wait for the reply
     (an error in it is raised here, as the blocking driver would raise it from `execute`)."""
     cursor.execute(statement, params)
-    if meanwhile is not None:
-        try:
+    try:
+        if meanwhile is not None:
             meanwhile()
-        finally:
-            _wait(connection)
-        return
-    _wait(connection)
+    finally:
+        _wait(connection)
 
 
 def _wait(connection: Any) -> None:

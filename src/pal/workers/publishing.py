@@ -74,8 +74,6 @@ class TakenBack:
             built if isinstance(built, Built) else _signed(self._app, run_id, step_id, generation))
 
 
-
-
 def _signed(app: Any, run_id: str, step_id: str, generation: int) -> list[Any]:
     """A doorbell's arguments, signed, so that a worker can tell PAL's doorbells from forged ones
     (pal.core.doorbell)."""
