@@ -64,14 +64,17 @@ def test_stopped_worker_wakes_up_fenced_out(processes: Processes, postgres_backe
     """SIGSTOP a worker mid-step, let the sweep hand the run to another worker, SIGCONT: the
     sleeper's late completion is refused by the journal."""
     client = Client(postgres_backend.settings)
+    naps = tmp_path / "naps"
     graph = {"nodes": [{"id": "t", "type": "trigger"},
-                       {"id": "slow", "type": "tool", "data": {"tool": "nap", "args": {"seconds": 3}}},
+                       {"id": "slow", "type": "tool",
+                        "data": {"tool": "nap", "args": {"seconds": 3, "path": str(naps), "label": "slow"}}},
                        {"id": "out", "type": "output", "data": {"value": "{{ nodes.slow.output }}"}}],
              "edges": [{"source": "t", "target": "slow"}, {"source": "slow", "target": "out"}]}
     sleeper = processes.worker("sleeper")
     run_id = client.start_run(graph, {})
-    assert wait_until(lambda: any(e.kind == "step_started" and e.step_id == "slow"
-                                  for e in client.events(run_id)), timeout=60)
+    # Inside the node, not only started: a step the completion before it claimed ahead (a solo
+    # worker's chain) is started in the journal a moment before its node runs.
+    assert wait_until(lambda: calls(naps) == ["slow"], timeout=60)
     os.kill(sleeper.pid, signal.SIGSTOP)
     try:
         processes.beat()

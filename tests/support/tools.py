@@ -37,7 +37,10 @@ def explode(message: str = "boom") -> None:
 
 
 @tool(name="nap")
-def nap(seconds: float) -> float:
+def nap(seconds: float, path: str | None = None, label: str = "nap") -> float:
+    """Sleep; with `path`, record the call first, so a test knows the nap has begun."""
+    if path is not None:
+        record_call(path, label)
     time.sleep(min(float(seconds), 30.0))
     return float(seconds)
 
