@@ -115,7 +115,8 @@ def microvm(workdir: Path, socket_path: Path, attempt: str) -> list[str]:
             "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
             "-kernel", str(guest / "vmlinuz"), "-initrd", str(guest / "initrd.img"),
             "-append", f"console=ttyS0 panic=-1 quiet pal.workdir={workdir} pal.python={sys.executable}"
-                       + (f" pal.keep={kept}" if (kept := kept_under_tmp()) else ""),
+                       + (f" pal.keep={kept}" if (kept := kept_under_tmp()) else "")
+                       + (f" tsc_early_khz={khz}" if accel == "tcg" and (khz := host_tsc_khz()) else ""),
             "-serial", f"file:{console}",
             "-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap",
             "-device", "virtio-9p-device,fsdev=hostroot,mount_tag=hostroot",
@@ -124,6 +125,27 @@ def microvm(workdir: Path, socket_path: Path, attempt: str) -> list[str]:
             "-device", "virtio-serial-device",
             "-chardev", f"socket,id=pal,path={socket_path}",
             "-device", "virtserialport,chardev=pal,name=pal"]
+
+
+def host_tsc_khz(cpuinfo: str = "/proc/cpuinfo") -> int | None:
+    """The host's TSC rate in kHz, which an emulated guest's TSC runs at (qemu's TCG reads the host's
+    counter), where the host says it (`constant_tsc`, then its first `cpu MHz`); else None.
+
+    Why: a microVM has no PIT, HPET or ACPI PM timer, so an emulated guest kernel cannot measure its
+    TSC. On some hosts (AMD EPYC under a hypervisor, docs/isolated-tier.md) its CPUID does not say
+    the rate either, the boot marks the TSC unstable and waits for a timer tick that never comes, and
+    the microVM prints nothing. Told the rate (`tsc_early_khz`), it boots in seconds."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return None
+    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    mhz = next((line.split(":", 1)[1] for line in text.splitlines() if line.startswith("cpu MHz")), "")
+    try:
+        khz = round(float(mhz) * 1000)
+    except ValueError:
+        return None
+    return khz if "constant_tsc" in flags.split() and khz > 0 else None
 
 
 def kept_under_tmp() -> str:

@@ -4,12 +4,13 @@ hostile microVM run documents."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pal.core.vms import MAX_MICROVM_RESUME_ATTEMPTS, ResumeAction, microvm_problems, resume_action
-from pal.harness import kept_under_tmp
+from pal.harness import host_tsc_khz, kept_under_tmp, microvm
 
 
 @pytest.mark.parametrize(("live", "attempts", "action"), [
@@ -70,3 +71,35 @@ def test_a_guest_keeps_seeing_a_python_environment_that_lives_under_the_hosts_tm
     assert "/tmp/ci-clone/.venv" in kept
     monkeypatch.setattr(sys, "prefix", "/opt/venv")
     assert all(path.startswith("/tmp/") for path in kept_under_tmp().split(":") if path)
+
+
+CPUINFO = "processor\t: 0\ncpu MHz\t\t: 1996.249\nflags\t\t: fpu tsc constant_tsc nonstop_tsc\n"
+
+
+@pytest.mark.parametrize(("text", "khz"), [
+    (CPUINFO, 1996249),
+    (CPUINFO.replace(" constant_tsc", ""), None),  # a TSC whose rate varies: no rate to tell
+    (CPUINFO.replace("1996.249", "fast"), None),
+    (CPUINFO.replace("cpu MHz", "bogomips"), None),
+    ("", None),
+])
+def test_the_hosts_tsc_rate_is_read_only_where_the_host_states_a_constant_one(
+        tmp_path: Path, text: str, khz: int | None) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(text)
+    assert host_tsc_khz(str(cpuinfo)) == khz
+    assert host_tsc_khz(str(tmp_path / "absent")) is None
+
+
+@pytest.mark.parametrize("accel", ["tcg", "kvm"])
+def test_an_emulated_microvm_is_told_the_tsc_rate_and_a_kvm_one_is_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accel: str) -> None:
+    # An emulated guest cannot measure its TSC on a microVM (no PIT, HPET or PM timer); some hosts'
+    # emulated CPUID does not say it, and the guest then never boots (docs/isolated-tier.md).
+    monkeypatch.setenv("PAL_VM_GUEST", str(tmp_path))
+    monkeypatch.setenv("PAL_VM_ACCEL", accel)
+    monkeypatch.setattr("pal.harness.host_tsc_khz", lambda: 2100000)
+    command = microvm(tmp_path, tmp_path / "harness.sock", "1")
+    kernel_line = command[command.index("-append") + 1].split()
+    assert ("tsc_early_khz=2100000" in kernel_line) == (accel == "tcg")
+    assert command[command.index("-M") + 1] == f"microvm,accel={accel}"
