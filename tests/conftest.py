@@ -20,8 +20,8 @@ import sqlalchemy as sa
 
 from pal.config import Settings, load_settings
 from pal.storage.database import create_engine, normalize_url
-from pal.storage.schema.migrate import upgrade
 from tests.support import tools  # noqa: F401  (registers the test tools in this process)
+from tests.support.migrated import migrate
 
 REPO = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = os.environ.get("PAL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -114,7 +114,7 @@ def _settings(tmp_path: Path, **env: str) -> Settings:
 def sqlite_backend(tmp_path: Path) -> Backend:
     settings = _settings(tmp_path)
     engine = create_engine(settings.database_url)
-    upgrade(engine)
+    migrate(engine)
     engine.dispose()
     return Backend("sqlite", settings)
 
@@ -124,7 +124,7 @@ def migrated_postgres_backend(folder: Path, database_url: str, broker_url: str =
     settings = _settings(folder, PAL_DATABASE_URL=database_url, PAL_BROKER_URL=broker_url,
                          PAL_BROKER_KEY_PREFIX=key_prefix)
     engine = create_engine(settings.database_url)
-    upgrade(engine)
+    migrate(engine)
     engine.dispose()
     return Backend("postgres", settings)
 

@@ -18,8 +18,8 @@ from pal.core.vocabulary import EventKind
 from pal.storage.database import create_engine
 from pal.storage.journal import Journal
 from pal.storage.schema import run_locks
-from pal.storage.schema.migrate import upgrade
 from tests.conftest import fresh_schema
+from tests.support import migrated
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 TTL = 30.0  # the lease every helper takes, in seconds
@@ -38,7 +38,7 @@ def migrated_journal(url: str, *, migrate: bool = True) -> Iterator[Journal]:
     engine = create_engine(url)
     try:
         if migrate:
-            upgrade(engine)
+            migrated.migrate(engine)
         yield Journal(engine)
     finally:
         engine.dispose()

@@ -1,4 +1,4 @@
-"""Real `pal worker` and `pal beat` subprocesses for crash tests, stopped at the end of a test."""
+"""Real `pal worker` and `pal beat` subprocesses for crash tests, killed at the end of a test."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pal.cli.demo import stop_process
+from pal.cli.demo import kill_process_group
 from tests.conftest import Backend
 
 LEASE_TTL = "2s"
@@ -27,8 +27,10 @@ class Processes:
 
     def start(self, args: list[str], log_name: str, **extra: str) -> subprocess.Popen[bytes]:
         with (self.folder / log_name).open("ab") as log:
+            # A session of its own, so that the end of the test kills a prefork pool's children too.
             process = subprocess.Popen([sys.executable, "-m", "pal.cli", *args], env=self.env(**extra),
-                                       stdout=log, stderr=subprocess.STDOUT, cwd=self.folder)
+                                       stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
+                                       start_new_session=True)
         self.started.append(process)
         return process
 
@@ -47,7 +49,8 @@ class Processes:
                               capture_output=True, text=True, timeout=120)
 
     def stop_all(self) -> None:
-        # A test's teardown needs no graceful stop: a worker still inside a long step is killed
-        # after 3 s instead of being waited for (Celery's warm shutdown finishes the task first).
+        # A test's teardown needs no graceful stop, so every process it started is SIGKILLed with
+        # its children: Celery's warm shutdown takes over a second per worker, and the suite starts
+        # hundreds. Each test's schema, key prefix and folder are its own, so nothing outlives it.
         for process in self.started:
-            stop_process(process, timeout=3.0)
+            kill_process_group(process)
