@@ -23,6 +23,7 @@ import pytest
 from pal.client import Client
 from pal.config import load_settings
 from pal.errors import GraphError
+from pal.nodes.connector import tls_context
 from tests.conftest import Backend
 from tests.integration.test_deliveries import capture, drain
 from tests.support.api_server import free_port
@@ -273,6 +274,21 @@ def test_https_to_a_pinned_address_still_verifies_the_certificate_against_the_na
     finally:
         server.close()
         client.close()
+
+
+def test_the_tls_context_is_built_once_per_certificate_setting(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built once per process (a CA bundle costs ~50 ms of CPU to load), yet a changed SSL_CERT_FILE
+    still gets a context that trusts exactly that file."""
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    default = tls_context()
+    assert tls_context() is default
+    ca, _, _ = make_certificate(tmp_path, "localhost")
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+    ours = tls_context()
+    assert ours is not default and tls_context() is ours
+    assert [dict(c["subject"][0])["commonName"] for c in ours.get_ca_certs()] == ["pal-test-ca"]
 
 
 # --- headers ----------------------------------------------------------------------------------------

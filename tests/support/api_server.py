@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pal.client import Client
 from pal.core import dsse
+from tests.support import http
 
 # The receipts of a test control plane: signed with RECEIPT_KEY, and RETIRED_KEY's still trusted
 # (a key rotated out). Fixed, so a failure can be replayed; never a key of a real deployment.
@@ -39,7 +40,7 @@ class Api:
         headers = kwargs.pop("headers", {})
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
-        return httpx.request(method, self.url + path, headers=headers, timeout=30, **kwargs)
+        return http.request(method, self.url + path, headers=headers, timeout=30, **kwargs)
 
     def get(self, path: str, **kwargs: Any) -> httpx.Response:
         return self.call("GET", path, self.token, **kwargs)

@@ -13,7 +13,10 @@ claimed: a refused target fails the step with code `egress_refused`, and nothing
 
 from __future__ import annotations
 
+import functools
+import os
 import re
+import ssl
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -35,6 +38,19 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 FORBIDDEN_HEADERS = frozenset({"host", "transfer-encoding", "content-length", "connection", "upgrade",
                                "te", "trailer", "idempotency-key", "keep-alive"})
 FORBIDDEN_PREFIXES = ("proxy-",)
+def tls_context() -> ssl.SSLContext:
+    """The TLS context a webhook delivery verifies its receiver with. Loading the CA bundle costs
+    about 50 ms of CPU, which each delivery paid, so a context is built once per process for each
+    SSL_CERT_FILE and SSL_CERT_DIR (still read, docs/security.md): a bundle replaced at the same
+    path is seen when the worker restarts."""
+    return _tls_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@functools.cache
+def _tls_context(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    return httpx.create_ssl_context(trust_env=True)  # reads the two variables its key names
+
+
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")  # an HTTP field name (RFC 9110 token)
 
 
@@ -93,8 +109,7 @@ class Connector(NodeKind):
         # guard checked an address) and no .netrc credentials; SSL_CERT_FILE/DIR are still read.
         # follow_redirects=False (httpx's default, stated so it stays): a 3xx is the receiver's
         # answer, never a hop to a target the guard did not check.
-        with httpx.Client(trust_env=False, verify=httpx.create_ssl_context(trust_env=True),
-                          follow_redirects=False) as client:
+        with httpx.Client(trust_env=False, verify=tls_context(), follow_redirects=False) as client:
 
             def build() -> httpx.Request:
                 return client.build_request(method, url, json=body, headers=headers, timeout=timeout)
