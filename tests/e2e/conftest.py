@@ -10,7 +10,7 @@ from pal.cli.demo import wait_until
 from pal.client import Client
 from pal.core.clock import utcnow
 from tests.conftest import Backend
-from tests.support import http
+from tests.support import web
 from tests.support.api_server import RECEIPT_ENV, Api, free_port
 from tests.support.processes import Processes
 
@@ -46,7 +46,7 @@ def api(processes: Processes, postgres_backend: Backend, api_env: dict[str, str]
 
     def up() -> bool:
         try:
-            return http.get(url + "/openapi.json", timeout=2).status_code == 200
+            return web.get(url + "/openapi.json", timeout=2).status_code == 200
         except httpx.TransportError:
             return False
 

@@ -12,7 +12,7 @@ import httpx
 from pal.cli.demo import wait_until
 from pal.client import Client
 from tests.conftest import Backend
-from tests.support import http
+from tests.support import web
 from tests.support.api_server import Api
 from tests.support.graphs import approval, linear
 from tests.support.processes import Processes
@@ -136,7 +136,7 @@ def test_sse_streams_the_journal_and_last_event_id_resumes_without_gap_or_duplic
 
 
 def test_the_openapi_schema_lists_every_route(api: Api) -> None:
-    schema = http.get(api.url + "/openapi.json", timeout=10).json()
+    schema = web.get(api.url + "/openapi.json", timeout=10).json()
     assert set(schema["paths"]) == {
         "/v1/runs", "/v1/runs/{run_id}", "/v1/runs/{run_id}/journal", "/v1/runs/{run_id}/cancel",
         "/v1/runs/{run_id}/resume", "/v1/runs/{run_id}/steps/{step_id}/approve",

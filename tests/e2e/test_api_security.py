@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from pal.cli.demo import wait_until
 from pal.core.clock import utcnow
-from tests.support import http
+from tests.support import web
 from tests.support.api_server import Api, free_port
 from tests.support.processes import Processes
 
@@ -135,7 +135,7 @@ def test_nothing_hostile_in_a_path_a_query_or_a_tenant_reaches_html_unescaped(ap
     shown = api.client.runtime.journal
     tenant_raw = "tn<script>alert('t')</script>&\"x'q"
     _, tenant_token = shown.create_token(tenant_id=tenant_raw, name="xss", now=utcnow())
-    runs = http.get(api.url + "/runs", cookies={"pal_token": tenant_token}, timeout=10)
+    runs = web.get(api.url + "/runs", cookies={"pal_token": tenant_token}, timeout=10)
     assert runs.status_code == 200 and tenant_raw not in runs.text
     assert str(markupsafe.escape(tenant_raw)) in runs.text  # shown, escaped
 
@@ -149,11 +149,11 @@ def test_nothing_hostile_in_a_path_a_query_or_a_tenant_reaches_html_unescaped(ap
                      f"/runs?q={segment}", f"/login?next={segment}", f"/logout?x={segment}",
                      f"/v1/runs/{segment}/waterfall", f"/runs/{segment}/x"):
             for jar in (cookies, {}):
-                reply = http.get(api.url + path, cookies=jar, timeout=10)
+                reply = web.get(api.url + path, cookies=jar, timeout=10)
                 assert reply.status_code < 500, (path, reply.text)
                 assert_escaped(reply, raw)
                 assert_security_headers(reply)
-        missing = http.get(f"{api.url}/runs/{segment}", cookies=cookies, timeout=10)
+        missing = web.get(f"{api.url}/runs/{segment}", cookies=cookies, timeout=10)
         if "/" not in raw:
             assert missing.status_code == 404 and str(markupsafe.escape(raw)) in missing.text
 
@@ -193,10 +193,10 @@ def test_every_kind_of_response_carries_the_security_headers(api: Api) -> None:
             code, headers = post_declared(api, 10**9)
             assert code == 413 and all(headers.get(k) == v for k, v in SECURITY_HEADERS.items())
             continue
-        reply = http.request(method, api.url + path, timeout=30, **kwargs)
+        reply = web.request(method, api.url + path, timeout=30, **kwargs)
         assert reply.status_code == status, (method, path, reply.status_code, reply.text[:300])
         assert_security_headers(reply)
-    docs = http.get(api.url + "/docs", timeout=10).headers["content-security-policy"]
+    docs = web.get(api.url + "/docs", timeout=10).headers["content-security-policy"]
     assert "script-src 'self' https://cdn.jsdelivr.net 'sha256-" in docs  # the CDN and one inline hash
 
 
@@ -285,7 +285,7 @@ def test_flower_answers_nothing_without_its_basic_auth(processes: Processes, tmp
 
     def get(path: str, auth: tuple[str, str] | None, method: str = "GET") -> httpx.Response | None:
         try:
-            return http.request(method, url + path, auth=auth, timeout=10)
+            return web.request(method, url + path, auth=auth, timeout=10)
         except httpx.TransportError:
             return None
 

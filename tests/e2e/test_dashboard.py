@@ -9,7 +9,7 @@ from pathlib import Path
 from playwright.sync_api import expect, sync_playwright
 
 from pal.core.run_receipt import verify
-from tests.support import http
+from tests.support import web
 from tests.support.api_server import RECEIPT_KEY, Api
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -67,5 +67,5 @@ def test_log_in_watch_the_waterfall_live_and_approve(api: Api, tmp_path: Path) -
     decided = [e for e in api.client.events("browser-1") if e.kind == "approval_decided"]
     assert len(decided) == 1 and decided[0].payload["comment"] == "from the dashboard"
     # Another tenant's run page is a 404 even with a valid cookie of its own.
-    other = http.get(api.url + "/runs/browser-1", cookies={"pal_token": api.other}, timeout=10)
+    other = web.get(api.url + "/runs/browser-1", cookies={"pal_token": api.other}, timeout=10)
     assert other.status_code == 404

@@ -15,7 +15,7 @@ from pal.cli.demo import wait_until
 from pal.core.clock import utcnow
 from tests.e2e.test_api_security import gated
 from tests.e2e.test_dashboard import CHROMIUM_FLAGS
-from tests.support import http
+from tests.support import web
 from tests.support.api_server import Api, free_port
 
 HOSTILE_TENANT = "<img src=x onerror=alert('tenant')>"
@@ -95,11 +95,11 @@ def test_the_dashboard_works_under_its_csp_and_runs_no_injected_script(api: Api)
     assert len(violations) == 1 and violations[0].startswith("script-src-attr"), violations
     assert len([m for m in console if "Content Security Policy" in m or "Refused to" in m]) == 1, console
     assert dialogs == []
-    assert http.get(api.url + "/v1/runs/csp-1", headers=caller, timeout=10).json()["status"] == "succeeded"
+    assert web.get(api.url + "/v1/runs/csp-1", headers=caller, timeout=10).json()["status"] == "succeeded"
 
 
 def csrf_of(api: Api) -> str:
-    page = http.get(api.url + "/runs", cookies={"pal_token": api.token}, timeout=10)
+    page = web.get(api.url + "/runs", cookies={"pal_token": api.token}, timeout=10)
     found = re.search(r'<meta name="csrf-token" content="([0-9a-f]{64})">', page.text)
     assert found is not None, page.text
     return found[1]
@@ -125,13 +125,13 @@ def test_no_cookie_authenticated_change_passes_without_its_origin_and_token(api:
         for route in routes:
             body: dict[str, Any] = {"content": b"comment=forged"} if "Content-Type" in headers else {
                 "json": {"graph": gated(), "run_id": "forged"} if route == "/v1/runs" else {"comment": "forged"}}
-            reply = http.post(here + route, headers=headers, cookies={"pal_token": api.token}, timeout=10, **body)
+            reply = web.post(here + route, headers=headers, cookies={"pal_token": api.token}, timeout=10, **body)
             assert reply.status_code == 403, (headers, route, reply.status_code, reply.text)
     assert api.get("/v1/runs/csrf-1").json()["status"] == "waiting"  # nothing changed
     assert not [e for e in api.client.events("csrf-1") if e.kind == "approval_decided"]
     assert api.get("/v1/runs/forged").status_code == 404
     # The same cookie with this origin and the page's token is the dashboard's own request.
-    ok = http.post(here + "/v1/runs/csrf-1/steps/gate/approve", json={"comment": "mine"}, timeout=10,
+    ok = web.post(here + "/v1/runs/csrf-1/steps/gate/approve", json={"comment": "mine"}, timeout=10,
                     headers={"Origin": here, "X-CSRF-Token": token}, cookies={"pal_token": api.token})
     assert ok.status_code == 200, ok.text
     # A bearer header is no ambient credential (a foreign page cannot set it): no CSRF check applies.
@@ -154,14 +154,14 @@ def test_login_needs_its_form_and_logout_needs_a_post_from_this_origin(api: Api)
 
     cookie = {"pal_token": api.token}
     token = csrf_of(api)
-    shown = http.get(here + "/logout", cookies=cookie, timeout=10)  # GET: a page with a button
+    shown = web.get(here + "/logout", cookies=cookie, timeout=10)  # GET: a page with a button
     assert shown.status_code == 200 and "set-cookie" not in shown.headers and 'id="confirm-logout"' in shown.text
     for headers, data in (({"Origin": "http://evil.example"}, {"csrf": token}), ({}, {}),
                           ({"Origin": here}, {"csrf": "0" * 64})):
-        refused = http.post(here + "/logout", data=data, headers=headers, cookies=cookie, timeout=10)
+        refused = web.post(here + "/logout", data=data, headers=headers, cookies=cookie, timeout=10)
         assert refused.status_code == 403 and "set-cookie" not in refused.headers
-    assert http.get(here + "/runs", cookies=cookie, timeout=10).status_code == 200  # still logged in
-    done = http.post(here + "/logout", data={"csrf": token}, headers={"Origin": "null"}, cookies=cookie,
+    assert web.get(here + "/runs", cookies=cookie, timeout=10).status_code == 200  # still logged in
+    done = web.post(here + "/logout", data={"csrf": token}, headers={"Origin": "null"}, cookies=cookie,
                       timeout=10)
     assert done.status_code == 303 and done.headers["location"] == "/login"
     assert 'pal_token=""' in done.headers["set-cookie"] and "Max-Age=0" in done.headers["set-cookie"]

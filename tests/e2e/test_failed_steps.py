@@ -12,7 +12,7 @@ import redis
 from pal.cli.demo import wait_until
 from pal.client import Client
 from tests.conftest import Backend
-from tests.support import http
+from tests.support import web
 from tests.support.api_server import free_port
 from tests.support.graphs import failing, linear
 from tests.support.processes import Processes
@@ -30,7 +30,7 @@ def test_a_failed_step_shows_its_traceback_in_the_journal_log_flower_and_cli(
 
     def tasks() -> dict[str, dict[str, object]]:
         try:
-            reply = http.get(url + "/api/tasks", auth=AUTH, timeout=10)
+            reply = web.get(url + "/api/tasks", auth=AUTH, timeout=10)
         except httpx.TransportError:
             return {}
         return reply.json() if reply.status_code == 200 else {}

@@ -12,7 +12,7 @@ import httpx
 from pal.cli.demo import wait_until
 from pal.client import Client
 from tests.conftest import Backend
-from tests.support import http
+from tests.support import web
 from tests.support.api_server import free_port
 from tests.support.graphs import linear
 from tests.support.processes import Processes
@@ -29,7 +29,7 @@ def test_flower_sees_pal_tasks_behind_basic_auth(processes: Processes, postgres_
 
     def get(path: str, auth: tuple[str, str] | None = AUTH) -> httpx.Response | None:
         try:
-            return http.get(url + path, auth=auth, timeout=10)
+            return web.get(url + path, auth=auth, timeout=10)
         except httpx.TransportError:
             return None
 

@@ -15,7 +15,7 @@ from pal.cli.demo import wait_until
 from pal.client import Client
 from pal.core.clock import utcnow
 from tests.conftest import Backend
-from tests.support import http
+from tests.support import web
 from tests.support.api_server import free_port
 from tests.support.graphs import single
 from tests.support.processes import Processes
@@ -65,7 +65,7 @@ def test_credentials_reach_no_sink(processes: Processes, postgres_backend: Backe
                     [run.as_dict(), [e.as_dict() for e in client.events(run_id)],
                      client.runtime.journal.receipts(run_id)], default=str)
                 for route in ("", "/journal", "/waterfall", "/events"):
-                    reply = http.get(f"{api}/v1/runs/{run_id}{route}", headers=auth, timeout=30)
+                    reply = web.get(f"{api}/v1/runs/{run_id}{route}", headers=auth, timeout=30)
                     assert reply.status_code == 200, (route, reply.text)
                     sinks[f"{run_id} GET {route or '/'}"] = reply.text
             for sink, text in sinks.items():
@@ -79,7 +79,7 @@ def test_credentials_reach_no_sink(processes: Processes, postgres_backend: Backe
 
 def _up(api: str) -> bool:
     try:
-        return http.get(api + "/openapi.json", timeout=2).status_code == 200
+        return web.get(api + "/openapi.json", timeout=2).status_code == 200
     except httpx.TransportError:
         return False
 

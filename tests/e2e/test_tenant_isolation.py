@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from pal.cli.demo import wait_until
-from tests.support import http
+from tests.support import web
 from tests.support.api_server import Api, free_port
 from tests.support.graphs import approval, single
 from tests.support.processes import Processes
@@ -79,7 +79,7 @@ def test_a_tenant_over_its_runs_in_flight_gets_429(api: Api, processes: Processe
     graph = single({"id": "nap", "type": "tool", "data": {"tool": "nap", "args": {"seconds": 30}}})
 
     def start(token: str, run_id: str) -> httpx.Response:
-        return http.post(f"{url}/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=30,
+        return web.post(f"{url}/v1/runs", headers={"Authorization": f"Bearer {token}"}, timeout=30,
                           json={"graph": graph, "run_id": run_id})
 
     assert [start(api.token, f"q-{i}").status_code for i in range(2)] == [201, 201]
@@ -92,6 +92,6 @@ def test_a_tenant_over_its_runs_in_flight_gets_429(api: Api, processes: Processe
 
 def _up(url: str) -> bool:
     try:
-        return http.get(url + "/openapi.json", timeout=2).status_code == 200
+        return web.get(url + "/openapi.json", timeout=2).status_code == 200
     except httpx.TransportError:
         return False

@@ -15,7 +15,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.support import http
+from tests.support import web
 from tests.support.servers import FakeModelServer, SmtpReceiver, WebhookReceiver
 
 TIMEOUT = 5.0
@@ -177,7 +177,7 @@ def test_delay_lets_a_client_give_up_mid_call_and_the_request_is_still_recorded(
 
 def test_unknown_path_is_a_json_404() -> None:
     with FakeModelServer() as server:
-        response = http.post(f"{server.url}/v1/nope", json={}, timeout=TIMEOUT)
+        response = web.post(f"{server.url}/v1/nope", json={}, timeout=TIMEOUT)
         assert response.status_code == 404
         assert "error" in response.json()
 
@@ -246,10 +246,10 @@ def test_anthropic_tool_use_reply_then_tool_result_turn() -> None:
 def test_webhook_dedupes_effective_deliveries_by_idempotency_key() -> None:
     with WebhookReceiver() as hook:
         headers = {"Idempotency-Key": "delivery-1"}
-        first = http.post(f"{hook.url}/hooks/run", json={"event": "done"}, headers=headers, timeout=TIMEOUT)
-        second = http.post(f"{hook.url}/hooks/run", json={"event": "done"}, headers=headers, timeout=TIMEOUT)
-        http.put(f"{hook.url}/other", json={"n": 1}, timeout=TIMEOUT)
-        http.put(f"{hook.url}/other", json={"n": 1}, timeout=TIMEOUT)
+        first = web.post(f"{hook.url}/hooks/run", json={"event": "done"}, headers=headers, timeout=TIMEOUT)
+        second = web.post(f"{hook.url}/hooks/run", json={"event": "done"}, headers=headers, timeout=TIMEOUT)
+        web.put(f"{hook.url}/other", json={"n": 1}, timeout=TIMEOUT)
+        web.put(f"{hook.url}/other", json={"n": 1}, timeout=TIMEOUT)
         assert first.status_code == 200 and first.json() == {"received": True, "n": 1}
         assert second.json() == {"received": True, "n": 2}
         assert len(hook.requests) == 4
@@ -261,11 +261,11 @@ def test_webhook_dedupes_effective_deliveries_by_idempotency_key() -> None:
 
 def test_webhook_answers_with_the_configured_status() -> None:
     with WebhookReceiver(status=503) as hook:
-        response = http.post(hook.url, content=b"not json", timeout=TIMEOUT)
+        response = web.post(hook.url, content=b"not json", timeout=TIMEOUT)
         assert response.status_code == 503
         assert hook.requests[0].body == "not json"
         hook.status = 200
-        assert http.post(hook.url, json={}, timeout=TIMEOUT).status_code == 200
+        assert web.post(hook.url, json={}, timeout=TIMEOUT).status_code == 200
 
 
 # --- SMTP ------------------------------------------------------------------------------------

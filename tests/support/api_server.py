@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pal.client import Client
 from pal.core import dsse
-from tests.support import http
+from tests.support import web
 
 # The receipts of a test control plane: signed with RECEIPT_KEY, and RETIRED_KEY's still trusted
 # (a key rotated out). Fixed, so a failure can be replayed; never a key of a real deployment.
@@ -40,7 +40,7 @@ class Api:
         headers = kwargs.pop("headers", {})
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
-        return http.request(method, self.url + path, headers=headers, timeout=30, **kwargs)
+        return web.request(method, self.url + path, headers=headers, timeout=30, **kwargs)
 
     def get(self, path: str, **kwargs: Any) -> httpx.Response:
         return self.call("GET", path, self.token, **kwargs)
