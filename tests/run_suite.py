@@ -36,10 +36,19 @@ LANES = {
 ALONE = "disruptive or qemu"
 
 
+def suite_environment() -> dict[str, str]:
+    """This environment, with Python's bytecode cache on: the suite starts hundreds of `pal`
+    processes (workers, beat, servers, commands), and with PYTHONDONTWRITEBYTECODE set (as some
+    machines set it) each compiled PAL's own modules again, about 0.2 s of CPU apiece on a suite that
+    is CPU-bound. The cache lands in __pycache__ folders, which git ignores."""
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
+    return env | {"PYTHONUNBUFFERED": "1"}
+
+
 def pytest(name: str, args: list[str], basetemp: Path) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "pytest", *args, f"--basetemp={basetemp / name}"]
     return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+                            bufsize=1, env=suite_environment())
 
 
 def relay(name: str, process: subprocess.Popen[str], tail: dict[str, str], lock: threading.Lock) -> None:
@@ -71,6 +80,9 @@ def run_phase(lanes: dict[str, list[str]], basetemp: Path) -> dict[str, tuple[in
 
 def main(argv: list[str]) -> int:
     basetemp = Path(tempfile.mkdtemp(prefix="pal-suite-"))
+    # Compiled once, before the lanes start, so that the two lanes never race to write one file.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "src", "tests"], cwd=REPO, check=True,
+                   env=suite_environment())
     lanes = {name: [*paths, "-m", f"not ({ALONE})", *argv] for name, paths in LANES.items()}
     results = run_phase(lanes, basetemp)
     results |= run_phase({"alone": ["tests", "-m", ALONE, *argv]}, basetemp)
