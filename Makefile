@@ -21,7 +21,7 @@ $(STAMP): $(BASE_STAMP)
 demo: $(BASE_STAMP)
 	env -u PAL_DATABASE_URL -u PAL_BROKER_URL $(BIN)/pal demo
 
-# The whole suite in two lanes at once, then the tests that restart Postgres alone (tests/run_suite.py);
+# The whole suite in three lanes at once, then the tests that restart Postgres alone (tests/run_suite.py);
 # with PYTEST_ARGS, one plain pytest run of what they select.
 test: $(STAMP) lint typecheck browser vm-guest
 	$(if $(PYTEST_ARGS),$(BIN)/pytest $(PYTEST_ARGS),$(BIN)/python -m tests.run_suite)

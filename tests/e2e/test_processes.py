@@ -15,7 +15,7 @@ from celery import Celery
 
 from pal.cli.demo import stop_process
 from pal.client import Client
-from tests.conftest import REDIS_URL, REPO, Backend
+from tests.conftest import REDIS_URL, Backend
 from tests.support.graphs import fan_out_in, linear
 from tests.support.tools import calls
 
@@ -130,17 +130,3 @@ def test_another_service_enqueues_with_send_task_only(postgres_backend: Backend,
     finally:
         producer.close()
         stop_process(worker)
-
-
-def test_make_demo_equivalent_on_a_bare_machine(tmp_path: Path) -> None:
-    """`pal demo` with no PAL_* variable: the embedded default, workers it starts itself."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PAL_")}
-    env["PYTHONPATH"] = str(REPO)
-    result = subprocess.run([sys.executable, "-m", "pal.cli", "demo"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert f"journal sqlite:///{tmp_path}/.pal/pal.db" in result.stdout
-    assert "broker filesystem://" in result.stdout
-    assert "3 of 3 runs succeeded" in result.stdout
-    assert result.stdout.count("run_succeeded") >= 3
-    assert (tmp_path / ".pal" / "pal.db").exists()

@@ -15,12 +15,13 @@ from tests.conftest import REPO
 
 def test_the_demo_crashes_recovers_decides_and_suggests_commands_that_work(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PAL_")}  # the embedded default
-    env["PYTHONPATH"] = os.pathsep.join((str(REPO / "src"), str(REPO)))
+    env["PYTHONPATH"] = str(REPO)  # PAL itself from what `make` installed, as on a newcomer's machine
     demo = subprocess.run([sys.executable, "-m", "pal.cli", "demo"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=240)
     out = demo.stdout
     assert demo.returncode == 0, out + demo.stderr
-    assert "journal sqlite:///" in out and (tmp_path / ".pal" / "pal.db").exists()
+    assert f"journal sqlite:///{tmp_path}/.pal/pal.db" in out and (tmp_path / ".pal" / "pal.db").exists()
+    assert "broker filesystem://" in out  # no server of any kind: the workers it starts itself
 
     # The crash: the worker was killed while T-1003 ran its slow lookup; the sweep took the run over.
     assert re.search(r">>> CRASH: kill -9 the worker \(pid \d+ and its pool children\) while \[T-1003\] "
@@ -39,7 +40,7 @@ def test_the_demo_crashes_recovers_decides_and_suggests_commands_that_work(tmp_p
     assert re.search(r"a person decides with: \S*pal runs approve run_\w+ page_ok", out)
     assert re.search(r"a person decides with: \S*pal runs reject run_\w+ page_ok", out)
     assert "page_on_call('T-1003'): 1" in out and "page_on_call('T-1001')" not in out  # rejected
-    assert "3 of 3 runs succeeded" in out
+    assert "3 of 3 runs succeeded" in out and out.count("run_succeeded") >= 3
 
     # Every suggested command, pasted as printed, from the folder the demo ran in.
     suggested = out.split("Look around", 1)[1].splitlines()[1:]
