@@ -85,7 +85,7 @@ def run_phase(lanes: dict[str, list[str]], basetemp: Path) -> dict[str, tuple[in
 
 def main(argv: list[str]) -> int:
     basetemp = Path(tempfile.mkdtemp(prefix="pal-suite-"))
-    # Compiled once, before the lanes start, so that the two lanes never race to write one file.
+    # Compiled once, before the lanes start, so that no two lanes race to write one file.
     subprocess.run([sys.executable, "-m", "compileall", "-q", "src", "tests"], cwd=REPO, check=True,
                    env=suite_environment())
     lanes = {name: [*paths, *argv] for name, paths in LANES.items()}
