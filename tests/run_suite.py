@@ -32,13 +32,13 @@ REPO = Path(__file__).resolve().parent.parent
 # side on a slower machine, 2026-12-06: core 13.2 min and e2e 10.4 with test_prune_cli.py here too,
 # which takes about 1.5 min).
 BALANCE = ["tests/e2e/test_side_effect_crashes.py"]
+ALONE = "disruptive"
+EVERY_OTHER = ["-m", f"not ({ALONE} or qemu)"]
 LANES = {
-    "e2e": ["tests/e2e", *(f"--ignore={path}" for path in BALANCE), "-m", "not (disruptive or qemu)"],
-    "core": ["tests/unit", "tests/storage", "tests/architecture", "tests/integration", *BALANCE,
-             "-m", "not (disruptive or qemu)"],
+    "e2e": ["tests/e2e", *(f"--ignore={path}" for path in BALANCE), *EVERY_OTHER],
+    "core": ["tests/unit", "tests/storage", "tests/architecture", "tests/integration", *BALANCE, *EVERY_OTHER],
     "vm": ["tests/e2e/test_isolated_tier.py", "-m", "qemu"],
 }
-ALONE = "disruptive"
 
 
 def suite_environment() -> dict[str, str]:

@@ -32,13 +32,12 @@ def at(seconds: float) -> datetime:
 
 
 @contextmanager
-def migrated_journal(url: str, *, migrate: bool = True) -> Iterator[Journal]:
-    """A Journal over the database at `url`, migrated first unless it is a migrated copy; its
-    engine is disposed afterwards."""
+def migrated_journal(url: str) -> Iterator[Journal]:
+    """A Journal over the empty database at `url`, migrated first; its engine is disposed
+    afterwards."""
     engine = create_engine(url)
     try:
-        if migrate:
-            migrated.migrate(engine)
+        migrated.migrate(engine)
         yield Journal(engine)
     finally:
         engine.dispose()

@@ -133,6 +133,7 @@ def _copy_sqlite(path: Path) -> None:
             template = create_engine(f"sqlite:///{folder / 'template.db'}")
             upgrade(template)
             template.dispose()  # the last connection's close folds the WAL into the file
+            assert [p.name for p in folder.iterdir()] == ["template.db"]  # no WAL left beside it
             _sqlite_template = folder / "template.db"
     path.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(_sqlite_template, path)

@@ -38,6 +38,8 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 FORBIDDEN_HEADERS = frozenset({"host", "transfer-encoding", "content-length", "connection", "upgrade",
                                "te", "trailer", "idempotency-key", "keep-alive"})
 FORBIDDEN_PREFIXES = ("proxy-",)
+
+
 def tls_context() -> ssl.SSLContext:
     """The TLS context a webhook delivery verifies its receiver with. Loading the CA bundle costs
     about 50 ms of CPU, which each delivery paid, so a context is built once per process for each
