@@ -164,7 +164,7 @@ def test_a_take_pops_the_oldest_message_with_the_publish_and_nothing_past_its_de
     assert taken == [] and _queued(redis_client, postgres_backend) == []
 
 
-def _step_of(raw: bytes) -> str:
+def _step_of(raw: str | bytes) -> str:
     step: str = json.loads(base64.b64decode(json.loads(raw)["body"]))[0][1]
     return step
 
@@ -201,24 +201,60 @@ def test_a_step_takes_its_own_message_back_and_only_a_few_in_a_row_while_others_
         assert not publisher.can_take()  # a batch's publishes are held
 
 
-def test_a_message_that_could_not_be_taken_back_says_so_and_is_queued(
+def _kill_connection(redis_client: redis.Redis, publisher: NodePublisher) -> None:
+    """Close the publisher's own connection from the server's side, as a Redis restart would."""
+    connection = publisher._wire_of_process().redis
+    port = connection._sock.getsockname()[1] if connection._sock else None
+    killed = sum(redis_client.client_kill_filter(_id=int(client["id"]))
+                 for client in redis_client.client_list() if int(client["addr"].rsplit(":", 1)[1]) == port)
+    assert killed == 1
+
+
+def test_a_step_s_own_message_is_never_queued_and_only_its_event_is_lost_with_the_connection(
         postgres_backend: Backend, redis_client: redis.Redis) -> None:
-    """A dead connection under `publish_taken`: the message goes through `send_task` to the queue
-    (any worker may take it) and the caller is told it was not taken back (the runtime then drops
-    its claim ahead, pal.engine.runtime)."""
+    """`publish_taken` in a `taking_next` block: the message is this thread's without passing
+    through the queue, so no other worker can take it, and its task-sent event still reaches
+    Flower's subscribers. On a dead connection only that event is lost: the message is still this
+    thread's (its step was claimed for it), and the next publish connects afresh and is queued."""
     app = create_app(postgres_backend.settings)
     publisher = app.node_publisher
     assert isinstance(publisher, NodePublisher)
-    with publisher.taking_next():
-        assert publisher.publish_taken(["run_x", "first", 1, "sig"])
-    connection = publisher._wire_of_process().redis
-    port = connection._sock.getsockname()[1] if connection._sock else None
-    for client in redis_client.client_list():
-        if int(client["addr"].rsplit(":", 1)[1]) == port:
-            redis_client.client_kill_filter(_id=int(client["id"]))
+    events = redis_client.pubsub()
+    events.psubscribe(postgres_backend.settings.broker_key_prefix + "/*celeryev*")
+    try:
+        assert events.get_message(timeout=2.0) is not None  # the subscription is in place
+        with publisher.taking_next() as taken:
+            assert publisher.publish_taken(["run_x", "first", 1, "sig"])
+        sent = _sent_events(events)
+    finally:
+        events.close()
+    assert [_step_of(raw) for raw in taken] == ["first"] and _queued(redis_client, postgres_backend) == []
+    assert [(e["type"], e["uuid"]) for e in sent] == [("task-sent", json.loads(taken[0])["headers"]["id"])]
+    _kill_connection(redis_client, publisher)
+    with publisher.taking_next() as taken:
+        assert publisher.publish_taken(["run_x", "second", 1, "sig"])
+    assert [_step_of(raw) for raw in taken] == ["second"]
+    publisher.publish(["run_x", "third", 1, "sig"])
+    assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["third"]
+    assert publisher.sent == 3
+
+
+def test_a_message_that_cannot_reach_the_broker_is_not_taken_and_goes_through_send_task(
+        postgres_backend: Backend, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No wire to the broker at all (it cannot be opened): `publish_taken` sends the message
+    through `send_task`, which retries until it is queued (any worker may take it), and says it
+    was not taken back (the runtime then drops its claim ahead, pal.engine.runtime)."""
+    app = create_app(postgres_backend.settings)
+    publisher = app.node_publisher
+    assert isinstance(publisher, NodePublisher)
+
+    def unreachable() -> None:
+        raise redis.ConnectionError("the broker is down")
+    monkeypatch.setattr(publisher, "_wire_of_process", unreachable)
     with publisher.taking_next() as taken:
         assert not publisher.publish_taken(["run_x", "second", 1, "sig"])
     assert taken == [] and [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["second"]
+    assert publisher.sent == 0
 
 
 def test_a_forked_child_publishes_on_its_own_connection(postgres_backend: Backend,

@@ -55,8 +55,8 @@ class OwnMessages(Protocol):
         """Whether this thread's next publish will take its own message back."""
 
     def publish_and_take(self, run_id: str, step_id: str, generation: int, built: object = None) -> bool:
-        """Ring the doorbell for one step and take that very message back, for this thread to run
-        next; False when it was published but not taken back (any worker may take it)."""
+        """Ring the doorbell for one step and take that very message, for this thread to run next;
+        False when it was published to the queue instead (any worker may take it)."""
 
 
 PublishBatch = Callable[[], AbstractContextManager[None]]

@@ -50,7 +50,7 @@ SOLO_POOL_MODULE = "celery.concurrency.solo"
 MAX_CHAIN = 32
 MAX_CHAIN_S = 0.5
 
-_envelope: Callable[[bytes], dict[str, Any]] = kombu_json.loads  # a Redis message, as kombu reads it
+_envelope: Callable[[str | bytes], dict[str, Any]] = kombu_json.loads  # a Redis message, as kombu reads it
 
 
 def execute_node_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., None]:
@@ -99,7 +99,7 @@ class InlineSteps:
         finally:
             self.running = False
 
-    def _deliver(self, channel: Any, raw: bytes) -> None:
+    def _deliver(self, channel: Any, raw: str | bytes) -> None:
         """Hand a taken message to kombu and Celery's consumer, as a BRPOP reply would be."""
         try:
             channel.connection._deliver(_envelope(raw), self.queue)
@@ -107,7 +107,7 @@ class InlineSteps:
             log.warning("a message taken from queue %s was dropped: %r", self.queue, exc)
 
     def _run(self, message: Any, payload: Any, ack: Any, reject: Any, callbacks: Any, kwargs: dict[str, Any],
-             *, take: bool, until: float) -> bytes | None:
+             *, take: bool, until: float) -> str | bytes | None:
         """Run one message's step; the message its hand-off took from the queue, if any."""
         headers = message.headers
         if payload is not None or redis_transport.waits_in_memory(headers):

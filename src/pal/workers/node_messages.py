@@ -11,6 +11,9 @@ kombu's Redis transport stores, and writes both on its process's own broker conn
 MULTI/EXEC (`BrokerWire`): one write, one round trip, and none of the producer pool's, the publish
 batch's or redis-py's pipeline bookkeeping.
 
+A solo worker's step that runs its one successor itself takes that message without queueing it:
+only the task-sent event goes out, and its reply is read later (`NodePublisher._take_own`).
+
 It is used only for plain dispatches on PAL's Redis transport. A batch (the sweep's re-drives)
 holds its messages and sends them all in one transaction when it ends. A countdown, or any failure of
 the fast path, goes through `send_task`, which retries.
@@ -31,10 +34,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-from kombu.common import maybe_declare
 from kombu.utils.uuid import uuid
 
+from pal.workers.broker_wire import SENT_ROUTING_KEY, BrokerWire
 from pal.workers.task_names import SENT_AT_HEADER
 
 log = logging.getLogger(__name__)
@@ -44,11 +46,8 @@ log = logging.getLogger(__name__)
 # takes the oldest, so a busy queue is still served in about its order (docs/architecture.md,
 # "Delivery").
 OWN_TAKES_WHILE_OTHERS_WAIT = 2
-CONTENT_TYPE = "application/json"
-CONTENT_ENCODING = "utf-8"
 PERSISTENT = 2  # AMQP delivery mode of a task message, as Celery sets it
 TRANSIENT = 1  # the event exchange's delivery mode
-SENT_ROUTING_KEY = "task.sent"  # the task-sent event's routing key, as Celery sends it
 
 
 @dataclass(frozen=True)
@@ -75,14 +74,14 @@ class NodePublisher:
         os.register_at_fork(after_in_child=_after_fork_of(weakref.ref(self)))
 
     @contextmanager
-    def taking_next(self, until: float = float("inf")) -> Iterator[list[bytes]]:
+    def taking_next(self, until: float = float("inf")) -> Iterator[list[str | bytes]]:
         """The first transaction this thread sends inside the block also takes the queue's oldest
         message (RPOP, the end BRPOP takes from), returned in the yielded list: a solo worker runs
         it next without another round trip (pal.workers.inline). In one transaction with the
         publish, so when the queue was empty the message taken is the step's own successor, not
         one an idle worker took first. Nothing is taken when the block publishes nothing, or only through
         `send_task`, or after `until` (time.monotonic())."""
-        taken: list[bytes] = []
+        taken: list[str | bytes] = []
         self._held.taken = taken
         self._held.until = until
         try:
@@ -132,19 +131,22 @@ class NodePublisher:
         """Whether this thread's next publish, outside a batch, may take its own message back
         (`taking_next`): not when others have waited on the queue while this thread took
         OWN_TAKES_WHILE_OTHERS_WAIT of its own in a row (it takes the oldest instead)."""
-        held = self._held
+        held, wire = self._held, self._wire
+        if getattr(held, "taken", None) is not None and wire is not None and wire.pid == os.getpid():
+            self._settle(wire)  # the count of those waiting that the last own take asked for
         return (getattr(held, "taken", None) is not None and getattr(held, "args", None) is None
                 and time.monotonic() < held.until
                 and getattr(held, "own_streak", 0) < OWN_TAKES_WHILE_OTHERS_WAIT)
 
     def publish_taken(self, message: list[Any] | Built) -> bool:
-        """Publish one message and, inside a `taking_next` block, take that very message back:
-        LPUSH, then LPOP of the end it was pushed to, in one transaction, so no other worker can
-        have it (its step was claimed for this thread: pal.storage.steps, `claim_next`). False when
-        it was not taken back: the fast path failed and the message went through `send_task` to
-        whichever worker takes it (one finds the step started and leaves it, and the sweep
-        re-drives it when its lease lapses)."""
-        taken: list[bytes] | None = getattr(self._held, "taken", None)
+        """Publish one message and, inside a `taking_next` block, take that very message for this
+        thread, which runs it next (its step was claimed for this thread: pal.storage.steps,
+        `claim_next`). Such a message never goes through the queue, where any worker could take
+        it: only its task-sent event and a count of the queue are sent (`_take_own`). Outside a
+        block it is published as usual and False is returned: not taken back, it is whichever
+        worker's that takes it (one finds the step started and leaves it, and the sweep re-drives
+        it when its lease lapses)."""
+        taken: list[str | bytes] | None = getattr(self._held, "taken", None)
         return self._send_or_fall_back([message], own=True) and taken is not None and len(taken) > 0
 
     def _send_or_fall_back(self, messages: list[list[Any] | Built], own: bool = False) -> bool:
@@ -163,14 +165,18 @@ class NodePublisher:
 
     def _send(self, messages: list[list[Any] | Built], own: bool = False) -> None:
         wire = self._wire_of_process()
+        self._settle(wire)
         commands = [command for message in messages for command in
                     (message.commands if isinstance(message, Built) else self._commands(message, wire))]
-        taken: list[bytes] | None = getattr(self._held, "taken", None)
+        taken: list[str | bytes] | None = getattr(self._held, "taken", None)
         self._held.taken = None  # one take per block
-        if taken is not None and not own and time.monotonic() >= self._held.until:
+        if taken is not None and own and len(messages) == 1:
+            self._take_own(wire, commands, taken)
+            return
+        if taken is not None and time.monotonic() >= self._held.until:
             taken = None  # the taker has run long enough: it goes back to its event loop
-        if taken is not None:  # its own message (the end LPUSH wrote), or the queue's oldest
-            commands.append(("LPOP" if own else "RPOP", wire.queue_key))
+        if taken is not None:  # the queue's oldest
+            commands.append(("RPOP", wire.queue_key))
             commands.append(("LLEN", wire.queue_key))  # who is left waiting (can_take)
         try:
             replies = wire.transaction(commands)
@@ -178,15 +184,44 @@ class NodePublisher:
             self._drop(wire)  # the next send connects afresh
             raise
         if taken is not None:
-            # Own takes in a row while others waited (LLEN): the queue's oldest, or an empty queue,
-            # resets it.
-            others_wait = isinstance(replies[-1], int) and replies[-1] > 0
-            self._held.own_streak = getattr(self._held, "own_streak", 0) + 1 if own and others_wait else 0
+            self._count_own_take(own=False, waiting=replies[-1])
             if isinstance(replies[-2], bytes):
                 taken.append(replies[-2])  # taken even if another command failed: EXEC ran the pop
         failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
         if failed is not None:
             raise failed
+
+    def _take_own(self, wire: BrokerWire, commands: list[tuple[str, ...]], taken: list[str | bytes]) -> None:
+        """Take a message this thread will run next without queueing it. Pushed and popped back in
+        one transaction it would be seen by nobody; so only its task-sent event (Flower's) goes
+        out, with a count of the messages waiting (for `can_take`), and this thread does not wait
+        for their replies: `_settle` reads them before its next use of the wire. A failure to send
+        them loses that event only, never the message (its step was claimed for this thread)."""
+        push, events = commands[0], commands[1:]  # `_commands`: LPUSH of the message, then PUBLISHes
+        try:
+            wire.send_unanswered([*events, ("LLEN", wire.queue_key)])
+            self._held.unanswered_take = True
+        except Exception as exc:
+            self._drop(wire)  # the next send connects afresh
+            log.warning("the task-sent event of a %s message this worker runs itself was lost: %r",
+                        self.task_name, exc)
+        taken.append(push[2])
+
+    def _settle(self, wire: BrokerWire) -> None:
+        """Read the replies of this thread's last own take, if still unread: the count of the
+        messages waiting then, for `can_take`."""
+        if not getattr(self._held, "unanswered_take", False):
+            return
+        self._held.unanswered_take = False
+        replies = wire.answers()
+        if replies:
+            self._count_own_take(own=True, waiting=replies[-1])
+
+    def _count_own_take(self, *, own: bool, waiting: object) -> None:
+        """Own takes in a row while others waited (LLEN's reply, `waiting`): taking the queue's
+        oldest, or an empty queue, resets the count."""
+        others_wait = isinstance(waiting, int) and waiting > 0
+        self._held.own_streak = getattr(self._held, "own_streak", 0) + 1 if own and others_wait else 0
 
     def _drop(self, wire: BrokerWire) -> None:
         """Forget and close a wire that failed, unless another thread has already replaced it."""
@@ -243,81 +278,6 @@ class NodePublisher:
                                     wire.event_exchange, SENT_ROUTING_KEY)
             commands.extend(("PUBLISH", topic, payload) for topic in wire.event_topics)
         return commands
-
-
-class BrokerWire:
-    """One process's own connection to the broker for node messages, and what it needs to write
-    them as kombu's Redis transport would: the prefixed queue key, the event topics, the envelope.
-
-    The commands of one send go out as one MULTI/EXEC in one write, and their replies are read
-    back in order: no producer pool, no publish batch, no redis-py pipeline object, no connection
-    pool (their bookkeeping was most of a step's publishing cost, docs/benchmarks.md). The queue and the event
-    exchange are declared once, when the wire opens."""
-
-    def __init__(self, app: Any, queue: str) -> None:
-        self.pid = os.getpid()
-        self.connection = app.connection_for_write()
-        try:
-            channel = self.channel = self.connection.default_channel
-            prefix = channel.global_keyprefix
-            # What kombu's `_put` would vary per message is fixed here, as PAL's queue is set up:
-            # priority 0 (no priority queues), no `x-expires` on the queue (no PEXPIRE), no ETA
-            # or expiry in the headers (those go through send_task). A queue set up otherwise
-            # needs this wire to follow.
-            priority = channel._get_message_priority({"properties": {"priority": 0}}, reverse=False)
-            self.queue_key = prefix + channel._q_for_pri(queue, priority)
-            dispatcher = app.amqp._event_dispatcher
-            self.event_exchange = dispatcher.exchange.name
-            self.event_topics = [prefix + topic for topic in
-                                 channel._get_publish_topics(self.event_exchange, SENT_ROUTING_KEY)]
-            maybe_declare(app.amqp.queues[queue], channel)  # type: ignore[no-untyped-call]
-            maybe_declare(dispatcher.exchange, channel)  # type: ignore[no-untyped-call]
-            # Its own redis-py connection, with the channel's options, held for the process's life:
-            # a pool's checkout and checkin cost about as much as the write itself.
-            pool = channel.pool
-            self.redis = pool.connection_class(**pool.connection_kwargs)
-            self._lock = threading.Lock()
-            self.closed = False
-        except BaseException:
-            self.connection.release()
-            raise
-
-    def envelope(self, body: str, headers: dict[str, Any], properties: dict[str, Any],
-                 exchange: str, routing_key: str) -> str:
-        """The JSON kombu's Redis transport stores for a message (`Channel.basic_publish`)."""
-        channel = self.channel
-        message = channel.prepare_message(body, 0, CONTENT_TYPE, CONTENT_ENCODING, headers, properties)
-        channel._inplace_augment_message(message, exchange, routing_key)
-        return json.dumps(message)
-
-    def transaction(self, commands: list[tuple[str, ...]]) -> list[Any]:
-        """Run `commands` in one MULTI/EXEC and return their replies, a command's error as an
-        exception object in its place (EXEC ran the others). A command Redis refuses to queue, or a
-        lost connection, raises, and the connection, whose state is then unknown, is closed."""
-        with self._lock:  # threads of one process (an API server's) share the wire
-            if self.closed:  # dropped by another thread: do not reconnect a wire nobody will close
-                raise redis.ConnectionError("the broker wire was closed")
-            connection = self.redis
-            try:
-                connection.send_packed_command(connection.pack_commands([("MULTI",), *commands, ("EXEC",)]))
-                for _ in range(len(commands) + 1):  # MULTI's OK, then one QUEUED per command
-                    connection.read_response()
-                replies = connection.read_response()
-            except BaseException:
-                connection.disconnect()
-                raise
-        if not isinstance(replies, list) or len(replies) != len(commands):
-            raise redis.ResponseError(f"EXEC replied {replies!r:.200}")
-        return replies
-
-    def close(self) -> None:
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-            if self.pid == os.getpid():  # a forked child must not close its parent's sockets
-                self.redis.disconnect()
-                self.connection.release()
 
 
 def _after_fork_of(ref: weakref.ref[NodePublisher]) -> Callable[[], None]:
