@@ -1,6 +1,7 @@
 """A real `pal worker` sends every task event Flower needs, batched (pal.workers.consumer): each
-publish of the main process holds the events of `EVENT_FLUSH_DELAY` seconds (or 24 events), not
-one event per turn of the event loop."""
+publish of the main process holds the events of `EVENT_FLUSH_DELAY` seconds (or
+`EVENT_BUFFER_LIMIT` events), not one event per turn of the event loop, nor one per 24 events as
+Celery's dispatcher would."""
 
 from __future__ import annotations
 
@@ -15,12 +16,11 @@ from typing import Any
 import redis
 
 from pal.client import Client
-from pal.workers.consumer import EVENT_FLUSH_DELAY
+from pal.workers.consumer import EVENT_BUFFER_LIMIT, EVENT_FLUSH_DELAY
 from tests.conftest import Backend
 from tests.support.graphs import linear
 from tests.support.processes import Processes
 
-BUFFER_LIMIT = 24  # Celery's EventDispatcher flushes at once when this many events wait
 NODES = 30
 
 
@@ -64,6 +64,7 @@ def test_worker_sends_every_task_event_in_batches(processes: Processes, postgres
     assert sum(len(b) for b in batches) == 3 * (NODES + 2)  # the worker's events: all in batches
     # A batch that is not full was flushed no sooner than EVENT_FLUSH_DELAY after its first event,
     # so the next batch's first event is at least that much later (clock of the one worker).
+    assert all(len(batch) <= EVENT_BUFFER_LIMIT for batch in batches)
     for earlier, later in itertools.pairwise(batches):
-        if len(earlier) < BUFFER_LIMIT:
+        if len(earlier) < EVENT_BUFFER_LIMIT:
             assert later[0]["timestamp"] - earlier[0]["timestamp"] >= EVENT_FLUSH_DELAY * 0.9

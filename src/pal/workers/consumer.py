@@ -4,10 +4,13 @@ A worker's main process sends three task events per message it runs (received, s
 succeeded) for Flower. Celery buffers them and flushes the buffer on the event loop's next turn,
 so under PAL's one-message-per-node load nearly every event leaves alone: a publish's CPU and a
 Redis round trip during which the loop receives and dispatches nothing.
-This consumer flushes at most every `EVENT_FLUSH_DELAY` seconds instead (and at once whenever 24
-events are waiting, Celery's buffer limit): Flower sees each event up to that much later, and the
-main process's work per message drops (docs/benchmarks.md has the figures). It flushes what is left before the
-consumer stops, so a worker's last events are not lost on a warm shutdown.
+This consumer flushes at most every `EVENT_FLUSH_DELAY` seconds instead: Flower sees each event up
+to that much later, and the main process's work per message drops (docs/benchmarks.md has the
+figures). Celery's dispatcher also flushes at once whenever its buffer holds 24 events, a publish
+every 8 steps; here the buffer holds up to `EVENT_BUFFER_LIMIT`, a cap on memory that a worker
+reaches only in a burst, so a busy worker publishes its events once per `EVENT_FLUSH_DELAY`.
+It flushes what is left before the consumer stops, so a worker's last events are not lost on a
+warm shutdown.
 
 A flush of a full buffer can leave the timer of an earlier event pending; when it fires, the
 events now waiting may be younger than the delay, so it waits out the rest for the oldest of them
@@ -22,6 +25,7 @@ from typing import Any
 from celery.worker.consumer import Consumer as CeleryConsumer
 
 EVENT_FLUSH_DELAY = 0.1  # seconds; short next to what a person watching Flower can notice
+EVENT_BUFFER_LIMIT = 1024  # events held before a flush that cannot wait: about 340 steps' worth
 
 
 class Consumer(CeleryConsumer):  # type: ignore[misc]
@@ -32,6 +36,9 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
             return
         if not self._event_flush_due:
             self._event_flush_due = True
+            # Celery's Events step makes the dispatcher (again after a reconnection) with a limit
+            # of 24 and no hook after it; the first event of each flush period sets PAL's.
+            self.event_dispatcher.buffer_limit = EVENT_BUFFER_LIMIT
             self.hub.call_later(EVENT_FLUSH_DELAY, self._flush_due_events)
 
     def _flush_due_events(self) -> None:
