@@ -194,6 +194,37 @@ def test_a_process_whose_log_is_behind_claims_in_one_call(two_on_postgres: tuple
     assert calls(counter) == ["s0", "s1", "s2", "s3"]
 
 
+def test_a_process_s_first_claim_of_a_run_is_one_call_after_reading_the_run(
+        two_on_postgres: tuple[Process, Process], counter: Path) -> None:
+    """B never claimed the run: it reads the run's row (plan, input, parent: they never change)
+    outside any fence, a read that writes nothing, then claims in one call, which also brings
+    B's log of the run up to date. No claim transaction."""
+    a, b = two_on_postgres
+    run_id = a.client.start_run(linear(counter, 3), {})
+    assert a.deliver(a.outbox.pop(0)) == "completed"  # start on A
+    assert a.deliver(a.outbox.pop(0)) == "completed"  # s0 on A
+    counted_calls = Counted(b.client)
+    assert b.deliver(a.outbox.pop(0)) == "completed"  # s1 on B, its first step of the run
+    assert counted_calls.calls == ["pal_claim_step_after", "pal_complete_step_then"]
+    assert counted_calls.transactions == 1  # the run's row, read
+    assert started(a.client, run_id, "s1") == [1]
+    assert b.deliver(b.outbox.pop(0)) == "completed"  # s2 on B: its log has start, s0 and s1
+    while b.outbox:
+        assert b.deliver(b.outbox.pop(0)) == "completed"
+    assert a.client.get_run(run_id).status == "succeeded"
+    assert calls(counter) == ["s0", "s1", "s2"]
+
+
+def test_a_claim_of_a_run_that_does_not_exist_writes_nothing(two_on_postgres: tuple[Process, Process]) -> None:
+    """A doorbell for a run this process never saw and nobody made: the read finds no run, the
+    claim's transaction says so, and nothing is written."""
+    a, _ = two_on_postgres
+    assert a.deliver(("run_nobody_made", "s0", 1)) == "terminal"
+    with a.client.runtime.journal.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM journal_events WHERE run_id = 'run_nobody_made'")
+                            ).scalar() == 0
+
+
 def test_a_join_whose_other_branch_another_process_completed_is_claimed_in_one_call(
         two_on_postgres: tuple[Process, Process], counter: Path) -> None:
     a, b = two_on_postgres

@@ -154,12 +154,16 @@ class StepStore(Primitives):
 
         The attempt is predicted from this process's step log; the function starts it only if no
         newer event concerns the step, so the prediction is what `claim_step`'s transaction would
-        decide. None when there is nothing to predict from (a run this process never claimed, a
-        step that completed, waits or may be backing off) or the prediction did not hold: the
-        caller then decides in a transaction."""
+        decide. A run this process never claimed is read first, outside the call (its plan, input
+        and parent never change), and its log is then read whole by the call. None when there is
+        nothing to predict from (no such run, a step that completed, waits or may be backing off)
+        or the prediction did not hold: the caller then decides in a transaction."""
         run_id = fence.run_id
-        run, known = self._claimed_runs.get(run_id), self._known_log(run_id)
-        if run is None or not _predictable(known, step_id, fence):
+        known = self._known_log(run_id)
+        if not _predictable(known, step_id, fence):
+            return None
+        run = self._known_run_unfenced(run_id)  # a run this process never claimed: read it first
+        if run is None:
             return None
         needed: frozenset[str] | None = None
         if ready is not None and not ready(run, known.outputs):
