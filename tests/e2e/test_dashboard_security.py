@@ -134,7 +134,10 @@ def test_no_cookie_authenticated_change_passes_without_its_origin_and_token(api:
     ok = web.post(here + "/v1/runs/csrf-1/steps/gate/approve", json={"comment": "mine"}, timeout=10,
                     headers={"Origin": here, "X-CSRF-Token": token}, cookies={"pal_token": api.token})
     assert ok.status_code == 200, ok.text
-    # A bearer header is no ambient credential (a foreign page cannot set it): no CSRF check applies.
+    # The worker finishes the approved run (a cancel racing it would be accepted, not refused).
+    assert wait_until(lambda: api.get("/v1/runs/csrf-1").json()["status"] == "succeeded", timeout=60)
+    # A bearer header is no ambient credential (a foreign page cannot set it): no CSRF check applies,
+    # and the request reaches the cancel itself, which refuses a finished run.
     assert api.post("/v1/runs/csrf-1/cancel", headers={"Origin": "http://evil.example"}).status_code == 409
 
 
