@@ -118,14 +118,13 @@ class StoreBase:
         (pal.storage.steps): what it keeps never changes, so no fence has to hold while it is read.
         None when there is no such run (the claim's transaction then says so)."""
         run = self._claimed_runs.get(run_id)
-        if run is None:
-            try:
-                with _storage_errors(), self.engine.connect() as conn:
-                    run = self._run(conn, run_id)
-            except RunNotFound:
-                return None
-            self._claimed_runs.put(run_id, run)
-        return run
+        if run is not None:
+            return run
+        try:
+            with _storage_errors(), self.engine.connect() as conn:
+                return self._known_run(conn, run_id)
+        except RunNotFound:
+            return None
 
     def _graph(self, conn: sa.Connection, run_id: str, kind: str, graph_hash: str | None) -> Any:
         """The run's plan document; a hash names one document, so it is decoded once per process."""

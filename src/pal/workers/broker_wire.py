@@ -72,12 +72,8 @@ class BrokerWire:
         exception object in its place (EXEC ran the others). A command Redis refuses to queue, or a
         lost connection, raises, and the connection, whose state is then unknown, is closed."""
         with self._lock:  # threads of one process (an API server's) share the wire
-            if self.closed:  # dropped by another thread: do not reconnect a wire nobody will close
-                raise redis.ConnectionError("the broker wire was closed")
-            connection = self.redis
-            self._read_unanswered()
+            connection = self._write([("MULTI",), *commands, ("EXEC",)])
             try:
-                connection.send_packed_command(connection.pack_commands([("MULTI",), *commands, ("EXEC",)]))
                 for _ in range(len(commands) + 1):  # MULTI's OK, then one QUEUED per command
                     connection.read_response()
                 replies = connection.read_response()
@@ -92,16 +88,22 @@ class BrokerWire:
         """Send `commands` (not a transaction: each stands alone) without waiting for their
         replies, which `answers` returns later (or the next use of the wire discards)."""
         with self._lock:
-            if self.closed:
-                raise redis.ConnectionError("the broker wire was closed")
-            connection = self.redis
-            self._read_unanswered()
-            try:
-                connection.send_packed_command(connection.pack_commands(commands))
-            except BaseException:
-                connection.disconnect()
-                raise
+            self._write(commands)
             self._unanswered = len(commands)
+
+    def _write(self, commands: list[tuple[str, ...]]) -> Any:
+        """Send `commands` in one write, under the lock, after reading any replies still owed; the
+        connection, which is closed if the write fails (its state is then unknown)."""
+        if self.closed:  # dropped by another thread: do not reconnect a wire nobody will close
+            raise redis.ConnectionError("the broker wire was closed")
+        self._read_unanswered()
+        connection = self.redis
+        try:
+            connection.send_packed_command(connection.pack_commands(commands))
+        except BaseException:
+            connection.disconnect()
+            raise
+        return connection
 
     def answers(self) -> list[Any]:
         """The replies to the last `send_unanswered`, a command's error as an exception object in
