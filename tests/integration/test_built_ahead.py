@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from pal.client import Client
 from pal.engine.steps import execute_step
 from pal.storage.one_call import AutocommitCalls, FunctionCall
-from pal.workers.node_messages import Built, NodePublisher
+from pal.workers.node_messages import Built, NodePublisher, OwnMessage
 from tests.conftest import Backend
 from tests.support.graphs import linear
 from tests.support.tools import calls
@@ -157,10 +157,10 @@ def test_a_successors_message_is_built_during_its_completion_and_sent_after_the_
         finally:
             calling["now"] = ""
 
-    def traced_build(args: list[Any]) -> Built | None:
+    def traced_build(args: list[Any], own: bool = False) -> Built | OwnMessage | None:
         in_completion.append(calling["now"] == "pal_complete_step_then")
-        made = build(args)
-        assert made is not None
+        made = build(args, own)
+        assert isinstance(made, Built)  # no thread of this test runs its own messages
         built_ids.append(json.loads(made.commands[0][2])["headers"]["id"])
         return made
 
@@ -210,9 +210,9 @@ def test_a_fenced_out_completion_sends_nothing_it_built(
     built: list[Built] = []
     build = publisher.build
 
-    def counted_build(args: list[Any]) -> Built | None:
-        made = build(args)
-        assert made is not None
+    def counted_build(args: list[Any], own: bool = False) -> Built | OwnMessage | None:
+        made = build(args, own)
+        assert isinstance(made, Built)  # no thread of this test runs its own messages
         built.append(made)
         return made
 
@@ -249,10 +249,10 @@ def test_a_message_that_cannot_be_built_ahead_is_built_at_its_publish(
     building = {"now": False}
     build = publisher.build
 
-    def build_unreachable(args: list[Any]) -> Built | None:
+    def build_unreachable(args: list[Any], own: bool = False) -> Built | OwnMessage | None:
         building["now"] = True
         try:
-            return build(args)
+            return build(args, own)
         finally:
             building["now"] = False
 

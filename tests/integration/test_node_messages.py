@@ -15,7 +15,7 @@ import redis
 
 from pal.client import Client
 from pal.workers.app import create_app
-from pal.workers.node_messages import OWN_TAKES_WHILE_OTHERS_WAIT, NodePublisher
+from pal.workers.node_messages import OWN_TAKES_WHILE_OTHERS_WAIT, NodePublisher, OwnMessage
 from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
 from tests.conftest import Backend
 
@@ -164,8 +164,11 @@ def test_a_take_pops_the_oldest_message_with_the_publish_and_nothing_past_its_de
     assert taken == [] and _queued(redis_client, postgres_backend) == []
 
 
-def _step_of(raw: str | bytes) -> str:
-    step: str = json.loads(base64.b64decode(json.loads(raw)["body"]))[0][1]
+def _step_of(taken: str | bytes | OwnMessage) -> str:
+    """The step of a message taken: one popped from the queue, or the thread's own (in memory)."""
+    if isinstance(taken, OwnMessage):
+        return str(taken.args[1])
+    step: str = json.loads(base64.b64decode(json.loads(taken)["body"]))[0][1]
     return step
 
 
@@ -213,30 +216,37 @@ def _kill_connection(redis_client: redis.Redis, publisher: NodePublisher) -> Non
 def test_a_step_s_own_message_is_never_queued_and_only_its_event_is_lost_with_the_connection(
         postgres_backend: Backend, redis_client: redis.Redis) -> None:
     """`publish_taken` in a `taking_next` block: the message is this thread's without passing
-    through the queue, so no other worker can take it, and its task-sent event still reaches
-    Flower's subscribers. On a dead connection only that event is lost: the message is still this
-    thread's (its step was claimed for it), and the next publish connects afresh and is queued."""
+    through the queue, so no other worker can take it; it is never even serialized (an
+    OwnMessage), yet its task-sent event reaches Flower's subscribers with the fields send_task's
+    would have. On a dead connection only that event is lost: the message is still this thread's
+    (its step was claimed for it), and the next publish connects afresh and is queued."""
     app = create_app(postgres_backend.settings)
     publisher = app.node_publisher
     assert isinstance(publisher, NodePublisher)
     events = redis_client.pubsub()
     events.psubscribe(postgres_backend.settings.broker_key_prefix + "/*celeryev*")
+    signed = ["run_x", "first", 1, app.runtime.doorbell_signature("run_x", "first", 1)]
     try:
         assert events.get_message(timeout=2.0) is not None  # the subscription is in place
         with publisher.taking_next() as taken:
-            assert publisher.publish_taken(["run_x", "first", 1, "sig"])
-        sent = _sent_events(events)
+            assert publisher.publish_taken(signed)
+        app.send_task(EXECUTE_NODE, args=signed, queue=postgres_backend.settings.queue)
+        own_sent, stock_sent = _sent_events(events)
     finally:
         events.close()
-    assert [_step_of(raw) for raw in taken] == ["first"] and _queued(redis_client, postgres_backend) == []
-    assert [(e["type"], e["uuid"]) for e in sent] == [("task-sent", json.loads(taken[0])["headers"]["id"])]
+    [own] = taken
+    assert isinstance(own, OwnMessage) and own.args == signed
+    assert [m["headers"]["id"] for m in _queued(redis_client, postgres_backend)] == [stock_sent["uuid"]]
+    assert own_sent["type"] == "task-sent" and own_sent["uuid"] == own.task_id == own.root_id
+    assert _without_fresh(own_sent) == _without_fresh(stock_sent)  # Flower reads the same fields
+    redis_client.delete(postgres_backend.settings.broker_key_prefix + postgres_backend.settings.queue)
     _kill_connection(redis_client, publisher)
     with publisher.taking_next() as taken:
         assert publisher.publish_taken(["run_x", "second", 1, "sig"])
     assert [_step_of(raw) for raw in taken] == ["second"]
     publisher.publish(["run_x", "third", 1, "sig"])
     assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["third"]
-    assert publisher.sent == 3
+    assert publisher.sent == 3  # the first, second and third: send_task's message is not this publisher's
 
 
 def test_a_message_that_cannot_reach_the_broker_is_not_taken_and_goes_through_send_task(

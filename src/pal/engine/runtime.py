@@ -41,10 +41,12 @@ class Publish(Protocol):
         message as its `build` made it, if it did: BuildMessage)."""
 
 
-BuildMessage = Callable[[str, str, int], object]
-"""build(run_id, step_id, generation): a doorbell's message built ahead of its publish, to be passed
-to it as `built` (None when it cannot be built now). A publish that can do this carries it as its
-`build` attribute (pal.workers.publishing); one replaced by another (a test's outbox) does not."""
+BuildMessage = Callable[[str, str, int, bool], object]
+"""build(run_id, step_id, generation, own): a doorbell's message built ahead of its publish, to be
+passed to it as `built` (None when it cannot be built now); `own`: built as the message this thread
+will most likely take back and run itself (OwnMessages.publish_and_take). A publish that can do
+this carries it as its `build` attribute (pal.workers.publishing); one replaced by another (a
+test's outbox) does not."""
 
 
 class OwnMessages(Protocol):
@@ -122,14 +124,18 @@ class Runtime:
         `claimed`): this thread will run that successor's message itself."""
         return self.own_messages is not None and self.own_messages.can_take()
 
-    def build_hand_off(self, run_id: str, successors: Sequence[str], generation: int) -> dict[str, object]:
+    def build_hand_off(self, run_id: str, successors: Sequence[str], generation: int,
+                       own: bool = False) -> dict[str, object]:
         """The successors' messages, built while the completion that must commit before they are
         sent is on its way to the journal (pal.engine.steps): the worker's work overlaps the
-        journal's. Empty unless the publish builds messages ahead (its `build`, BuildMessage)."""
+        journal's. Empty unless the publish builds messages ahead (its `build`, BuildMessage).
+        `own`: the completion claims a lone successor for this thread, which will run its message
+        itself (`takes_own_message`)."""
         build: BuildMessage | None = getattr(self.publish, "build", None)
         if build is None:
             return {}
-        built = ((successor, build(run_id, successor, generation)) for successor in successors)
+        own = own and len(successors) == 1
+        built = ((successor, build(run_id, successor, generation, own)) for successor in successors)
         return {successor: message for successor, message in built if message is not None}
 
     def hand_off(self, run_id: str, step_id: str, successors: Sequence[str], generation: int,

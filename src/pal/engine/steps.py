@@ -222,7 +222,7 @@ def _complete(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generatio
 
     def build(decision: Handoff) -> None:  # while the completion is on its way: sent only once it commits
         try:
-            built.update(rt.build_hand_off(run.id, decision.dispatch, generation))
+            built.update(rt.build_hand_off(run.id, decision.dispatch, generation, own=claim_next))
         except Exception:  # the publish builds what was not built ahead
             log.warning("run %s step %s: successors' messages not built ahead", run.id, step_id,
                         exc_info=True)

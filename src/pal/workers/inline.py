@@ -6,8 +6,11 @@ pool, and wraps the call in its tracer (result states, signals, the request and 
 `pal.execute_node` uses none of it: the message is a doorbell, the journal is the truth, and
 the task ignores its result. So in a solo worker this strategy runs the task function on the
 message itself, then acknowledges it and sends Flower its task events: received, started, and
-succeeded or failed. Worker counters (Flower's "processed") and the current task (which links a
-successor's message to its parent and root) are kept as Celery keeps them.
+succeeded or failed. A step's own successor, which its worker runs next, never becomes a message
+at all: it stays in memory as an OwnMessage (pal.workers.node_messages), run with the request and
+the task events the message would have given. Worker counters (Flower's "processed") and the
+current task (which links a successor's message to its parent and root) are kept as Celery keeps
+them.
 
 What differs from Celery's path is documented in docs/architecture.md ("Delivery"): on PAL's
 Redis transport the doorbell is taken at most once (pal.workers.redis_transport), because the
@@ -35,6 +38,7 @@ from kombu.utils import json as kombu_json
 
 from pal.errors import StepFailed
 from pal.workers import redis_transport
+from pal.workers.node_messages import OwnMessage
 from pal.workers.task_names import SENT_AT_HEADER
 
 log = logging.getLogger(__name__)
@@ -51,6 +55,10 @@ MAX_CHAIN = 32
 MAX_CHAIN_S = 0.5
 
 _envelope: Callable[[str | bytes], dict[str, Any]] = kombu_json.loads  # a Redis message, as kombu reads it
+
+# What runs next: a message's delivery (the handler's arguments), or this thread's own message.
+Delivery = tuple[Any, Any, Any, Any, Any, dict[str, Any]]
+Next = Delivery | OwnMessage
 
 
 def execute_node_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., None]:
@@ -73,12 +81,12 @@ class InlineSteps:
         self.send_event = eventer.send if sends else None
         self.publisher = getattr(app, "node_publisher", None)  # None on the filesystem broker
         self.queue = app.runtime.settings.queue
-        self.pending: deque[tuple[Any, ...]] = deque()  # taken messages, delivered during a step
+        self.pending: deque[Next] = deque()  # what a step took, and messages delivered during one
         self.running = False
 
     def handle(self, message: Any, payload: Any, ack: Any, reject: Any, callbacks: Any,
                **kwargs: Any) -> None:
-        delivery = (message, payload, ack, reject, callbacks, kwargs)
+        delivery: Next = (message, payload, ack, reject, callbacks, kwargs)
         if self.running:  # a message taken by the step before it: it runs next, not inside
             self.pending.append(delivery)
             return
@@ -89,13 +97,14 @@ class InlineSteps:
             while True:
                 chained += 1
                 take = chained < MAX_CHAIN and not _stopping()
-                taken = self._run(*delivery, take=take, until=began + MAX_CHAIN_S)
-                if taken is not None:
+                taken = self._run(delivery, take=take, until=began + MAX_CHAIN_S)
+                if isinstance(taken, OwnMessage):
+                    self.pending.append(taken)
+                elif taken is not None:
                     self._deliver(message.channel, taken)
                 if not self.pending:
                     return
                 delivery = self.pending.popleft()
-                message = delivery[0]
         finally:
             self.running = False
 
@@ -106,21 +115,46 @@ class InlineSteps:
         except Exception as exc:  # anyone who reaches the broker can push anything onto the queue
             log.warning("a message taken from queue %s was dropped: %r", self.queue, exc)
 
-    def _run(self, message: Any, payload: Any, ack: Any, reject: Any, callbacks: Any, kwargs: dict[str, Any],
-             *, take: bool, until: float) -> str | bytes | None:
-        """Run one message's step; the message its hand-off took from the queue, if any."""
+    def _run(self, delivery: Next, *, take: bool, until: float) -> str | bytes | OwnMessage | None:
+        """Run one message's step; the message its hand-off took, if any (from the queue, or its own)."""
+        if isinstance(delivery, OwnMessage):
+            request = dict(id=delivery.task_id, root_id=delivery.root_id, parent_id=delivery.parent_id,
+                           headers=None, delivery_info={"exchange": "", "routing_key": self.queue},
+                           **{SENT_AT_HEADER: delivery.sent_at})
+            received = dict(args=delivery.argsrepr, kwargs="{}", root_id=delivery.root_id,
+                            parent_id=delivery.parent_id, retries=0)
+            return self._step(delivery.task_id, received, lambda: self._call(delivery.args, {}, request),
+                              None, take, until)
+        message, payload, ack, reject, callbacks, kwargs = delivery
         headers = message.headers
         if payload is not None or redis_transport.waits_in_memory(headers):
             # A protocol-1 message, or one that must wait: Celery's timer and request hold it.
             self.celery_handler(message, payload, ack, reject, callbacks, **kwargs)
             return None
+
+        def call() -> Any:
+            args, task_kwargs = _arguments(message)
+            return self._call(args, task_kwargs, dict(
+                id=headers.get("id"), root_id=headers.get("root_id"), parent_id=headers.get("parent_id"),
+                headers=headers, delivery_info=message.delivery_info,
+                **{SENT_AT_HEADER: headers.get(SENT_AT_HEADER)}))
+
+        def acknowledge() -> None:
+            message.ack_log_error(log, self.consumer.connection_errors)
+        received = dict(args=headers.get("argsrepr"), kwargs=headers.get("kwargsrepr"),
+                        root_id=headers.get("root_id"), parent_id=headers.get("parent_id"),
+                        retries=headers.get("retries", 0))
+        return self._step(headers.get("id"), received, call, acknowledge, take, until)
+
+    def _step(self, task_id: Any, received: dict[str, Any], call: Callable[[], Any],
+              acknowledge: Callable[[], None] | None, take: bool,
+              until: float) -> str | bytes | OwnMessage | None:
+        """Run a step (`call`) with its task events (`received`: the task-received event's fields)
+        and the worker's counters; then acknowledge its message, if it has one. The message its
+        hand-off took, if any."""
         task, send_event = self.task, self.send_event
-        task_id = headers.get("id")
         if send_event is not None:
-            send_event("task-received", uuid=task_id, name=task.name, args=headers.get("argsrepr"),
-                       kwargs=headers.get("kwargsrepr"), root_id=headers.get("root_id"),
-                       parent_id=headers.get("parent_id"), retries=headers.get("retries", 0),
-                       eta=None, expires=None)
+            send_event("task-received", uuid=task_id, name=task.name, eta=None, expires=None, **received)
             send_event("task-started", uuid=task_id)
         worker_state.total_count[task.name] += 1
         worker_state.all_total_count[0] += 1
@@ -130,10 +164,11 @@ class InlineSteps:
         failure: Exception | None = None
         try:
             with taking as taken:
-                outcome = self._call(message, headers)
+                outcome = call()
         except Exception as exc:  # the step's failure is journaled; anything else is logged here
             failure = exc
-        message.ack_log_error(log, self.consumer.connection_errors)
+        if acknowledge is not None:
+            acknowledge()
         if failure is not None:
             self._failed(task_id, failure)
         elif send_event is not None:
@@ -153,17 +188,12 @@ class InlineSteps:
         if self.send_event is not None:
             self.send_event("task-failed", uuid=task_id, exception=saferepr(exc), traceback="")
 
-    def _call(self, message: Any, headers: dict[str, Any]) -> Any:
-        """The task function on the message's arguments, with the request Celery's tracer would set
-        (its id, parent and root link the successors' messages; its headers carry `sent_at`)."""
+    def _call(self, args: list[Any], task_kwargs: dict[str, Any], request: dict[str, Any]) -> Any:
+        """The task function on its arguments, with the request Celery's tracer would set (its id,
+        parent and root link the successors' messages; `sent_at` comes from the message's headers)."""
         task = self.task
-        args, task_kwargs = _arguments(message)
         _task_stack.push(task)
-        task.push_request(id=headers.get("id"), root_id=headers.get("root_id"),
-                          parent_id=headers.get("parent_id"), called_directly=False,
-                          hostname=self.consumer.hostname, headers=headers,
-                          delivery_info=message.delivery_info,
-                          **{SENT_AT_HEADER: headers.get(SENT_AT_HEADER)})
+        task.push_request(called_directly=False, hostname=self.consumer.hostname, **request)
         try:
             return task.run(*args, **task_kwargs)
         finally:

@@ -11,8 +11,9 @@ kombu's Redis transport stores, and writes both on its process's own broker conn
 MULTI/EXEC (`BrokerWire`): one write, one round trip, and none of the producer pool's, the publish
 batch's or redis-py's pipeline bookkeeping.
 
-A solo worker's step that runs its one successor itself takes that message without queueing it:
-only the task-sent event goes out, and its reply is read later (`NodePublisher._take_own`).
+A solo worker's step that runs its one successor itself keeps that message in memory (an
+`OwnMessage`): it is neither serialized nor queued, only its task-sent event goes out, and that
+event's reply is read later (`NodePublisher._take_own`).
 
 It is used only for plain dispatches on PAL's Redis transport. A batch (the sweep's re-drives)
 holds its messages and sends them all in one transaction when it ends. A countdown, or any failure of
@@ -59,6 +60,26 @@ class Built:
     commands: list[tuple[str, ...]]
 
 
+@dataclass(frozen=True)
+class OwnMessage:
+    """A message this thread runs itself next (`publish_taken` in a `taking_next` block), kept in
+    memory: never serialized, never queued, so no other worker can take it, and none of the work
+    of encoding it here and decoding it in the consumer (pal.workers.inline runs it directly).
+    Its fields are those the message would have carried, so its task runs with the same request
+    and Flower gets the same task events, its task-sent event included (`events`)."""
+
+    args: list[Any]
+    task_id: str
+    root_id: str
+    parent_id: str | None
+    sent_at: float  # SENT_AT_HEADER: a step span's queue wait starts here (when tracing)
+    events: list[tuple[str, ...]]  # the Redis commands that send its task-sent event, if sent
+
+    @property
+    def argsrepr(self) -> str:
+        return repr(self.args)  # as `_commands` gives the message's argsrepr header
+
+
 class NodePublisher:
     """Sends `task_name` messages to one queue, each with its task-sent event, in one round trip."""
 
@@ -74,14 +95,15 @@ class NodePublisher:
         os.register_at_fork(after_in_child=_after_fork_of(weakref.ref(self)))
 
     @contextmanager
-    def taking_next(self, until: float = float("inf")) -> Iterator[list[str | bytes]]:
+    def taking_next(self, until: float = float("inf")) -> Iterator[list[str | bytes | OwnMessage]]:
         """The first transaction this thread sends inside the block also takes the queue's oldest
-        message (RPOP, the end BRPOP takes from), returned in the yielded list: a solo worker runs
-        it next without another round trip (pal.workers.inline). In one transaction with the
-        publish, so when the queue was empty the message taken is the step's own successor, not
-        one an idle worker took first. Nothing is taken when the block publishes nothing, or only through
-        `send_task`, or after `until` (time.monotonic())."""
-        taken: list[str | bytes] = []
+        message (RPOP, the end BRPOP takes from), returned in the yielded list as Redis stored it:
+        a solo worker runs it next without another round trip (pal.workers.inline). In one
+        transaction with the publish, so when the queue was empty the message taken is the step's
+        own successor, not one an idle worker took first. `publish_taken` puts its own message
+        there instead (an OwnMessage). Nothing is taken when the block publishes nothing, or only
+        through `send_task`, or after `until` (time.monotonic())."""
+        taken: list[str | bytes | OwnMessage] = []
         self._held.taken = taken
         self._held.until = until
         try:
@@ -99,7 +121,7 @@ class NodePublisher:
         if getattr(self._held, "args", None) is not None:
             yield
             return
-        held: list[list[Any] | Built] = []
+        held: list[list[Any] | Built | OwnMessage] = []
         self._held.args = held
         try:
             yield
@@ -108,7 +130,7 @@ class NodePublisher:
         if held:
             self._send_or_fall_back(held)
 
-    def publish(self, message: list[Any] | Built) -> None:
+    def publish(self, message: list[Any] | Built | OwnMessage) -> None:
         """Publish one message (its arguments, or the message `build` made of them), or hold it
         for the thread's open batch."""
         held = getattr(self._held, "args", None)
@@ -117,12 +139,14 @@ class NodePublisher:
             return
         self._send_or_fall_back([message])
 
-    def build(self, args: list[Any]) -> Built | None:
+    def build(self, args: list[Any], own: bool = False) -> Built | OwnMessage | None:
         """The message for `args`, built now to be published later (while the completion that must
-        commit first is on its way: pal.engine.steps); None when the broker cannot be reached now
+        commit first is on its way: pal.engine.steps); `own`: as this thread's own message, which
+        it will most likely take back (`publish_taken`). None when the broker cannot be reached now
         (the publish then builds it, or falls back to `send_task`)."""
         try:
-            return Built(args, self._commands(args, self._wire_of_process()))
+            wire = self._wire_of_process()
+            return self._own(args, wire) if own else Built(args, self._commands(args, wire))
         except Exception as exc:  # the publish decides what a broker that is down means
             log.debug("a %s message was not built ahead: %r", self.task_name, exc)
             return None
@@ -138,18 +162,18 @@ class NodePublisher:
                 and time.monotonic() < held.until
                 and getattr(held, "own_streak", 0) < OWN_TAKES_WHILE_OTHERS_WAIT)
 
-    def publish_taken(self, message: list[Any] | Built) -> bool:
+    def publish_taken(self, message: list[Any] | Built | OwnMessage) -> bool:
         """Publish one message and, inside a `taking_next` block, take that very message for this
         thread, which runs it next (its step was claimed for this thread: pal.storage.steps,
         `claim_next`). Such a message never goes through the queue, where any worker could take
-        it: only its task-sent event and a count of the queue are sent (`_take_own`). Outside a
-        block it is published as usual and False is returned: not taken back, it is whichever
-        worker's that takes it (one finds the step started and leaves it, and the sweep re-drives
-        it when its lease lapses)."""
-        taken: list[str | bytes] | None = getattr(self._held, "taken", None)
+        it: the block's list gets it as an OwnMessage, and only its task-sent event and a count of
+        the queue are sent (`_take_own`). Outside a block it is published as usual and False is
+        returned: not taken back, it is whichever worker's that takes it (one finds the step
+        started and leaves it, and the sweep re-drives it when its lease lapses)."""
+        taken: list[str | bytes | OwnMessage] | None = getattr(self._held, "taken", None)
         return self._send_or_fall_back([message], own=True) and taken is not None and len(taken) > 0
 
-    def _send_or_fall_back(self, messages: list[list[Any] | Built], own: bool = False) -> bool:
+    def _send_or_fall_back(self, messages: list[list[Any] | Built | OwnMessage], own: bool = False) -> bool:
         """Send on the fast path; True if it did, False if it fell back to `send_task`."""
         try:
             self._send(messages, own)
@@ -157,22 +181,25 @@ class NodePublisher:
             log.warning("fast publish of %d %s message(s) failed (%r); sending through send_task",
                         len(messages), self.task_name, exc)
             for message in messages:
-                args = message.args if isinstance(message, Built) else message
-                self.app.send_task(self.task_name, args=args, queue=self.queue_name)
+                self.app.send_task(self.task_name, args=_args(message), queue=self.queue_name)
             return False
         self.sent += len(messages)
         return True
 
-    def _send(self, messages: list[list[Any] | Built], own: bool = False) -> None:
+    def _send(self, messages: list[list[Any] | Built | OwnMessage], own: bool = False) -> None:
         wire = self._wire_of_process()
         self._settle(wire)
-        commands = [command for message in messages for command in
-                    (message.commands if isinstance(message, Built) else self._commands(message, wire))]
-        taken: list[str | bytes] | None = getattr(self._held, "taken", None)
+        taken: list[str | bytes | OwnMessage] | None = getattr(self._held, "taken", None)
         self._held.taken = None  # one take per block
         if taken is not None and own and len(messages) == 1:
-            self._take_own(wire, commands, taken)
+            [message] = messages
+            own_message = message if isinstance(message, OwnMessage) else self._own(_args(message), wire)
+            self._take_own(wire, own_message, taken)
             return
+        # An OwnMessage not taken back after all is queued as a message like any other.
+        commands = [command for message in messages for command in
+                    (message.commands if isinstance(message, Built)
+                     else self._commands(_args(message), wire))]
         if taken is not None and time.monotonic() >= self._held.until:
             taken = None  # the taker has run long enough: it goes back to its event loop
         if taken is not None:  # the queue's oldest
@@ -191,21 +218,20 @@ class NodePublisher:
         if failed is not None:
             raise failed
 
-    def _take_own(self, wire: BrokerWire, commands: list[tuple[str, ...]], taken: list[str | bytes]) -> None:
+    def _take_own(self, wire: BrokerWire, message: OwnMessage, taken: list[str | bytes | OwnMessage]) -> None:
         """Take a message this thread will run next without queueing it. Pushed and popped back in
         one transaction it would be seen by nobody; so only its task-sent event (Flower's) goes
         out, with a count of the messages waiting (for `can_take`), and this thread does not wait
         for their replies: `_settle` reads them before its next use of the wire. A failure to send
         them loses that event only, never the message (its step was claimed for this thread)."""
-        push, events = commands[0], commands[1:]  # `_commands`: LPUSH of the message, then PUBLISHes
         try:
-            wire.send_unanswered([*events, ("LLEN", wire.queue_key)])
+            wire.send_unanswered([*message.events, ("LLEN", wire.queue_key)])
             self._held.unanswered_take = True
         except Exception as exc:
             self._drop(wire)  # the next send connects afresh
             log.warning("the task-sent event of a %s message this worker runs itself was lost: %r",
                         self.task_name, exc)
-        taken.append(push[2])
+        taken.append(message)
 
     def _settle(self, wire: BrokerWire) -> None:
         """Read the replies of this thread's last own take, if still unread: the count of the
@@ -253,15 +279,41 @@ class NodePublisher:
                     wire = self._wire = BrokerWire(self.app, self.queue_name)
         return wire
 
+    def _own(self, args: list[Any], wire: BrokerWire) -> OwnMessage:
+        """The message for `args` as this thread's own: the fields `_commands` would give it, and
+        the commands of its task-sent event (the same event as `as_task_v2` makes, built here
+        without the message itself)."""
+        task_id, root_id, parent_id = self._ids()
+        root_id = root_id or task_id  # as as_task_v2 roots a message that no task sent
+        events = self._sent_event_commands(wire, {
+            "uuid": task_id, "root_id": root_id, "parent_id": parent_id, "name": self.task_name,
+            "args": repr(args), "kwargs": "{}", "retries": 0, "eta": None, "expires": None,
+        }) if self.sent_event else []
+        return OwnMessage(args, task_id, root_id, parent_id, time.time(), events)
+
+    def _ids(self) -> tuple[str, str | None, str | None]:
+        """A new message's id, and its root and parent: the task this thread runs, if any, as
+        send_task links a message to the task that sent it (Flower)."""
+        root_id = parent_id = None
+        parent = self.app.current_worker_task
+        if parent is not None:
+            root_id = parent.request.root_id or parent.request.id
+            parent_id = parent.request.id
+        return uuid(), root_id, parent_id
+
+    def _sent_event_commands(self, wire: BrokerWire, sent_event: dict[str, Any]) -> list[tuple[str, ...]]:
+        """The PUBLISH commands of a task-sent event with `sent_event`'s fields (`as_task_v2`'s)."""
+        dispatcher = self.app.amqp._event_dispatcher
+        event = dispatcher._prepare_event("task-sent", dict(
+            sent_event, queue=self.queue_name, exchange="", routing_key=self.queue_name))
+        payload = wire.envelope(json.dumps(event), dispatcher.headers, {"delivery_mode": TRANSIENT},
+                                wire.event_exchange, SENT_ROUTING_KEY)
+        return [("PUBLISH", topic, payload) for topic in wire.event_topics]
+
     def _commands(self, args: list[Any], wire: BrokerWire) -> list[tuple[str, ...]]:
         """The Redis commands that queue the message for `args` and send its task-sent event."""
         app, amqp = self.app, self.app.amqp
-        task_id = uuid()
-        root_id = parent_id = None
-        parent = app.current_worker_task
-        if parent is not None:  # as send_task links a message to the task that sent it (Flower)
-            root_id = parent.request.root_id or parent.request.id
-            parent_id = parent.request.id
+        task_id, root_id, parent_id = self._ids()
         headers, properties, body, sent_event = amqp.as_task_v2(
             task_id, self.task_name, args=args, kwargs={}, root_id=root_id, parent_id=parent_id,
             reply_to=app.thread_oid, create_sent_event=self.sent_event,
@@ -271,13 +323,13 @@ class NodePublisher:
         message = wire.envelope(json.dumps(body), headers, properties, "", self.queue_name)
         commands: list[tuple[str, ...]] = [("LPUSH", wire.queue_key, message)]
         if sent_event is not None:
-            dispatcher = amqp._event_dispatcher
-            event = dispatcher._prepare_event("task-sent", dict(
-                sent_event, queue=self.queue_name, exchange="", routing_key=self.queue_name))
-            payload = wire.envelope(json.dumps(event), dispatcher.headers, {"delivery_mode": TRANSIENT},
-                                    wire.event_exchange, SENT_ROUTING_KEY)
-            commands.extend(("PUBLISH", topic, payload) for topic in wire.event_topics)
+            commands.extend(self._sent_event_commands(wire, sent_event))
         return commands
+
+
+def _args(message: list[Any] | Built | OwnMessage) -> list[Any]:
+    """A message's arguments, however far it was built."""
+    return message if isinstance(message, list) else message.args
 
 
 def _after_fork_of(ref: weakref.ref[NodePublisher]) -> Callable[[], None]:

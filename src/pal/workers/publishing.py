@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from pal.engine.runtime import Publish, PublishBatch
-from pal.workers.node_messages import Built, NodePublisher
+from pal.workers.node_messages import Built, NodePublisher, OwnMessage
 from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
 
 
@@ -21,7 +21,8 @@ def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None) -> 
     def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0,
                 built: object = None) -> None:
         if node_publisher is not None and countdown <= 0:
-            message = built if isinstance(built, Built) else _signed(app, run_id, step_id, generation)
+            message = built if isinstance(built, Built | OwnMessage) else _signed(app, run_id, step_id,
+                                                                                 generation)
             node_publisher.publish(message)  # held if a batch is open
             return
         args = _signed(app, run_id, step_id, generation)
@@ -50,9 +51,9 @@ def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None) -> 
                 batching.producer = None
 
     if node_publisher is not None:
-        def build(run_id: str, step_id: str, generation: int) -> object:
+        def build(run_id: str, step_id: str, generation: int, own: bool = False) -> object:
             """A doorbell's message, signed, built ahead of its publish (pal.engine.runtime.BuildMessage)."""
-            return node_publisher.build(_signed(app, run_id, step_id, generation))
+            return node_publisher.build(_signed(app, run_id, step_id, generation), own)
         publish.build = build  # type: ignore[attr-defined]
 
     return publish, publish_batch
@@ -71,7 +72,8 @@ class TakenBack:
 
     def publish_and_take(self, run_id: str, step_id: str, generation: int, built: object = None) -> bool:
         return self._publisher.publish_taken(
-            built if isinstance(built, Built) else _signed(self._app, run_id, step_id, generation))
+            built if isinstance(built, Built | OwnMessage)
+            else _signed(self._app, run_id, step_id, generation))
 
 
 def _signed(app: Any, run_id: str, step_id: str, generation: int) -> list[Any]:
