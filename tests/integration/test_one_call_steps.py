@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 import pal.storage.database
+import pal.storage.schema
 from pal.client import Client
 from pal.core.clock import utcnow
 from pal.core.records import Fence
@@ -213,6 +214,34 @@ def test_a_process_s_first_claim_of_a_run_is_one_call_after_reading_the_run(
         assert b.deliver(b.outbox.pop(0)) == "completed"
     assert a.client.get_run(run_id).status == "succeeded"
     assert calls(counter) == ["s0", "s1", "s2"]
+
+
+def test_a_process_s_first_claim_deep_in_a_long_run_runs_the_step(two: tuple[Process, Process],
+                                                                   counter: Path) -> None:
+    """A fresh worker re-driven into step 1,499 of a long run (after a crash, say): its log of
+    the run is empty, so whether the step is ready cannot be told from it without climbing 1,499
+    pending nodes. That climb stops at the local limit (it used to recurse once per node, past
+    Python's limit: a RecursionError on every fresh process's claim, so the run never recovered);
+    the claim then reads the log and runs the step."""
+    a, b = two
+    length = 1500
+    run_id = a.client.start_run(linear(counter, length), {})
+    assert a.deliver(a.outbox.pop(0)) == "completed"  # start
+    assert a.deliver(a.outbox.pop(0)) == "completed"  # s0
+    a.outbox.clear()
+    journal_events = pal.storage.schema.journal_events
+    with a.client.runtime.journal.engine.begin() as conn:  # s1 .. s1498 done as s0 was (quicker)
+        s0 = conn.execute(sa.select(journal_events).where(journal_events.c.run_id == run_id,
+                                                          journal_events.c.step_id == "s0")
+                          .order_by(journal_events.c.seq)).mappings().all()
+        conn.execute(journal_events.insert(), [
+            {k: v for k, v in event.items() if k != "seq"} | {"step_id": f"s{i}"}
+            for i in range(1, length - 1) for event in s0])
+    assert b.deliver((run_id, f"s{length - 1}", 1)) == "completed"
+    assert calls(counter) == ["s0", f"s{length - 1}"]
+    assert started(a.client, run_id, f"s{length - 1}") == [1]
+    assert b.deliver(b.outbox.pop(0)) == "completed"  # out
+    assert a.client.get_run(run_id).status == "succeeded"
 
 
 def test_a_claim_of_a_run_that_does_not_exist_writes_nothing(two_on_postgres: tuple[Process, Process]) -> None:

@@ -322,6 +322,24 @@ def test_a_join_behind_a_long_pending_chain_falls_back_to_the_whole_walk() -> No
     assert interpreter.handoff(graph, completed, "b599").dispatch == ("join",)
 
 
+def test_a_step_deep_in_a_long_chain_is_classified_without_recursing_once_per_node() -> None:
+    """A process's first claim of a long run's step knows none of its completions yet: climbing
+    3,000 pending nodes one frame each would pass Python's recursion limit (a RecursionError
+    that failed every fresh worker's claim of such a run). The walk gives up at the local limit,
+    counting the nodes it is still climbing, and the whole walk answers instead."""
+    ids = [f"n{i}" for i in range(3000)]
+    graph = build({"t": "trigger"} | dict.fromkeys(ids, "tool"),
+                  [("t", ids[0]), *itertools.pairwise(ids)])
+    program = interpreter.GraphProgram(graph)
+    with pytest.raises(interpreter.WalkTooFar):
+        interpreter.node_state(graph, "n2999", {}, {})
+    assert not program.is_ready({}, "n2999")
+    assert program.needs({}, "n2999") is None  # too far to name: the claim reads the log first
+    completed: dict[str, Any] = {"t": {}} | {i: {} for i in ids[:2999]}
+    assert program.is_ready(completed, "n2999") and not program.is_ready(completed, "n2998")
+    assert program.needs(completed | {"n2998": {}}, "n2999") is None  # ready already
+
+
 # --- what a claim whose log is behind asks the server to check (Program.needs) -------------------
 
 

@@ -72,16 +72,19 @@ class WalkTooFar(Exception):
 
 
 def node_state(graph: Graph, node_id: str, completed: Mapping[str, Any],
-               known: dict[str, NodeState], limit: int | None = LOCAL_WALK_LIMIT) -> NodeState:
+               known: dict[str, NodeState], limit: int | None = LOCAL_WALK_LIMIT,
+               depth: int = 0) -> NodeState:
     """One node's class, found by looking upstream only as far as needed: completed; ready (every
     incoming edge resolved, one live); skipped (every incoming edge dead: a skipped source, or a
     branch not taken); pending (a source unresolved: joins wait for all). `known` memoizes and
     may be shared across calls with the same `completed`. Raises WalkTooFar once `limit` nodes
-    are known, which also bounds the recursion's depth."""
+    are known or being classified (`depth`: the walk's nodes below this one, not known until they
+    return), which also bounds the recursion's depth: upstream of a node deep in a long chain with
+    little completed, the walk would otherwise recurse once per node before knowing any."""
     state = known.get(node_id)
     if state is not None:
         return state
-    if limit is not None and len(known) >= limit:
+    if limit is not None and len(known) + depth >= limit:
         raise WalkTooFar(node_id)
     if node_id in completed:
         state = NodeState.COMPLETED
@@ -91,7 +94,7 @@ def node_state(graph: Graph, node_id: str, completed: Mapping[str, Any],
         live = False
         state = NodeState.SKIPPED
         for edge in graph.incoming[node_id]:
-            source = node_state(graph, edge.source, completed, known, limit)
+            source = node_state(graph, edge.source, completed, known, limit, depth + 1)
             if source is NodeState.SKIPPED:
                 continue  # a dead edge
             if source is not NodeState.COMPLETED:
