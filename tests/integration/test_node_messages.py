@@ -249,6 +249,25 @@ def test_a_step_s_own_message_is_never_queued_and_only_its_event_is_lost_with_th
     assert publisher.sent == 3  # the first, second and third: send_task's message is not this publisher's
 
 
+def test_a_message_built_as_the_thread_s_own_but_not_taken_is_queued_as_a_full_message(
+        postgres_backend: Backend, redis_client: redis.Redis) -> None:
+    """Built ahead as this thread's own (`build(own=True)`: no Celery message, only its event) but
+    published as any other, because the completion could not claim the step for this thread: it
+    goes onto the queue as the whole message send_task would send, for any worker to take."""
+    app = create_app(postgres_backend.settings)
+    publisher = app.node_publisher
+    assert isinstance(publisher, NodePublisher)
+    signed = ["run_x", "s1", 1, app.runtime.doorbell_signature("run_x", "s1", 1)]
+    built = publisher.build(signed, own=True)
+    assert isinstance(built, OwnMessage)
+    publisher.publish(built)
+    app.send_task(EXECUTE_NODE, args=signed, queue=postgres_backend.settings.queue,
+                  headers={SENT_AT_HEADER: time.time()})
+    fast, stock = _queued(redis_client, postgres_backend)
+    assert fast["body"][0] == signed and _without_fresh(fast) == _without_fresh(stock)
+    assert publisher.sent == 1
+
+
 def test_a_message_that_cannot_reach_the_broker_is_not_taken_and_goes_through_send_task(
         postgres_backend: Backend, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     """No wire to the broker at all (it cannot be opened): `publish_taken` sends the message
