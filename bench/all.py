@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -49,7 +50,10 @@ def run_script(name: str, args: list[str], folder: Path) -> dict[str, Any] | Non
     command = [sys.executable, "-m", f"bench.{name}", *args, "--json", str(out)]
     print(f"== {name}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
     began = time.monotonic()
-    result = subprocess.run(command, cwd=REPO, timeout=STEP_TIMEOUT_S)
+    # This tree's PAL, not whichever one the virtualenv's editable install points at (a worktree
+    # benchmarked with main's .venv would otherwise drive the workers' code with main's client).
+    path = os.pathsep.join(p for p in (str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH")) if p)
+    result = subprocess.run(command, cwd=REPO, timeout=STEP_TIMEOUT_S, env=os.environ | {"PYTHONPATH": path})
     print(f"== {name}: exit {result.returncode} after {time.monotonic() - began:.0f}s", file=sys.stderr)
     if not out.exists():
         return None
