@@ -260,10 +260,15 @@ def report(results: dict[str, dict[str, Any] | None], reps: int, quick: bool) ->
              *measure_rows(*(results.get(k) or {} for k in ("scale", "recovery", "sse"))), "",
              *trace_lines(results.get("traces")), "",
              *handoff_lines(results.get("handoff"))]
-    failed = [name for name, value in results.items() if value is None or "error" in value]
+    failed = failed_scripts(results)
     if failed:
         lines += ["", f"Did not produce results in this run: {', '.join(failed)} (see the run's output)."]
     return "\n".join(lines)
+
+
+def failed_scripts(results: dict[str, dict[str, Any] | None]) -> list[str]:
+    """The benchmarks of this run that produced no result, or reported an error."""
+    return [name for name, value in results.items() if not value or "error" in value]
 
 
 def interleaved(reps: int, quick: bool, folder: Path) -> dict[str, dict[str, Any] | None]:
@@ -353,7 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         write_doc(block)
         print(f"\nwritten to {DOC.relative_to(REPO)}", file=sys.stderr)
-    return 0 if all(results.values()) else 1
+    failed = failed_scripts(results)
+    if failed:  # said last, where it is seen: their rows read n/a, easy to miss in the table
+        print(f"\nmake bench: FAILED: {', '.join(failed)} produced no results (see above)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
