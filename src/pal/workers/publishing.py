@@ -21,9 +21,7 @@ def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None) -> 
     def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0,
                 built: object = None) -> None:
         if node_publisher is not None and countdown <= 0:
-            message = built if isinstance(built, Built | OwnMessage) else _signed(app, run_id, step_id,
-                                                                                 generation)
-            node_publisher.publish(message)  # held if a batch is open
+            node_publisher.publish(_message(app, built, run_id, step_id, generation))  # held if batching
             return
         args = _signed(app, run_id, step_id, generation)
         # A countdown is held by the consuming worker's timer, not by a blocked process.
@@ -71,9 +69,13 @@ class TakenBack:
         return self._publisher.can_take()
 
     def publish_and_take(self, run_id: str, step_id: str, generation: int, built: object = None) -> bool:
-        return self._publisher.publish_taken(
-            built if isinstance(built, Built | OwnMessage)
-            else _signed(self._app, run_id, step_id, generation))
+        return self._publisher.publish_taken(_message(self._app, built, run_id, step_id, generation))
+
+
+def _message(app: Any, built: object, run_id: str, step_id: str,
+             generation: int) -> list[Any] | Built | OwnMessage:
+    """The message `build` made ahead for this doorbell, if it did; else its signed arguments."""
+    return built if isinstance(built, Built | OwnMessage) else _signed(app, run_id, step_id, generation)
 
 
 def _signed(app: Any, run_id: str, step_id: str, generation: int) -> list[Any]:
