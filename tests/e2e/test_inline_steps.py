@@ -113,6 +113,14 @@ def test_a_solo_worker_runs_steps_inline_and_flower_sees_each_one(
     for task_id, e in received.items():  # each successor's message names the task that sent it
         assert e["root_id"] == roots[0]
         assert task_id == roots[0] or e["parent_id"] in received
+    # Each message's task-sent event reaches Flower once, with the fields of its task-received:
+    # start_run's from the client, each successor's (a message this worker ran itself, never
+    # queued) from the worker, batched with its other task events.
+    sent = [e for e in events if e["type"] == "task-sent" and e.get("uuid") in received]
+    assert sorted(e["uuid"] for e in sent) == sorted(received)
+    for e in sent:
+        fields = ("name", "args", "root_id", "parent_id")
+        assert {k: e[k] for k in fields} == {k: received[e["uuid"]][k] for k in fields}
     assert calls(counter) == ["s0", "s1", "s2"]
     # Migration 0020: a successor's step_started is written by its predecessor's completion (at
     # least once; every time, unless the chain broke), and the message taken back runs it.

@@ -213,13 +213,15 @@ def _kill_connection(redis_client: redis.Redis, publisher: NodePublisher) -> Non
     assert killed == 1
 
 
-def test_a_step_s_own_message_is_never_queued_and_only_its_event_is_lost_with_the_connection(
+def test_a_step_s_own_message_is_never_queued_and_carries_the_fields_of_its_task_sent_event(
         postgres_backend: Backend, redis_client: redis.Redis) -> None:
     """`publish_taken` in a `taking_next` block: the message is this thread's without passing
     through the queue, so no other worker can take it; it is never even serialized (an
-    OwnMessage), yet its task-sent event reaches Flower's subscribers with the fields send_task's
-    would have. On a dead connection only that event is lost: the message is still this thread's
-    (its step was claimed for it), and the next publish connects afresh and is queued."""
+    OwnMessage), and nothing of it is published here: it carries the fields of the task-sent event
+    send_task's would have, which the worker that runs it sends (pal.workers.inline), or
+    `publish_sent_event` when that worker buffers no events. On a dead connection only the count
+    of waiting messages is lost: the message is still this thread's (its step was claimed for
+    it), and the next publish connects afresh and is queued."""
     app = create_app(postgres_backend.settings)
     publisher = app.node_publisher
     assert isinstance(publisher, NodePublisher)
@@ -231,13 +233,16 @@ def test_a_step_s_own_message_is_never_queued_and_only_its_event_is_lost_with_th
         with publisher.taking_next() as taken:
             assert publisher.publish_taken(signed)
         app.send_task(EXECUTE_NODE, args=signed, queue=postgres_backend.settings.queue)
-        own_sent, stock_sent = _sent_events(events)
+        [stock_sent] = _sent_events(events)  # send_task's only: the own message published no event
+        [own] = taken
+        assert isinstance(own, OwnMessage) and own.args == signed and own.sent_event is not None
+        publisher.publish_sent_event(own.sent_event)
+        [own_sent] = _sent_events(events)
     finally:
         events.close()
-    [own] = taken
-    assert isinstance(own, OwnMessage) and own.args == signed
     assert [m["headers"]["id"] for m in _queued(redis_client, postgres_backend)] == [stock_sent["uuid"]]
-    assert own_sent["type"] == "task-sent" and own_sent["uuid"] == own.task_id == own.root_id
+    assert own.sent_event["uuid"] == own_sent["uuid"] == own.task_id == own.root_id
+    assert own_sent["type"] == "task-sent"
     assert _without_fresh(own_sent) == _without_fresh(stock_sent)  # Flower reads the same fields
     redis_client.delete(postgres_backend.settings.broker_key_prefix + postgres_backend.settings.queue)
     _kill_connection(redis_client, publisher)

@@ -123,6 +123,8 @@ class InlineSteps:
                            **{SENT_AT_HEADER: delivery.sent_at})
             received = dict(args=delivery.argsrepr, kwargs="{}", root_id=delivery.root_id,
                             parent_id=delivery.parent_id, retries=0)
+            if delivery.sent_event is not None:
+                self._sent(delivery.sent_event)
             return self._step(delivery.task_id, received, lambda: self._call(delivery.args, {}, request),
                               None, take, until)
         message, payload, ack, reject, callbacks, kwargs = delivery
@@ -145,6 +147,14 @@ class InlineSteps:
                         root_id=headers.get("root_id"), parent_id=headers.get("parent_id"),
                         retries=headers.get("retries", 0))
         return self._step(headers.get("id"), received, call, acknowledge, take, until)
+
+    def _sent(self, fields: dict[str, Any]) -> None:
+        """An own message's task-sent event: buffered with this step's other events, or, when this
+        worker sends no task events of its own, published by itself as send_task would."""
+        if self.send_event is not None:
+            self.send_event("task-sent", **fields)
+        elif self.publisher is not None:
+            self.publisher.publish_sent_event(fields)
 
     def _step(self, task_id: Any, received: dict[str, Any], call: Callable[[], Any],
               acknowledge: Callable[[], None] | None, take: bool,

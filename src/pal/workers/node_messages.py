@@ -66,14 +66,16 @@ class OwnMessage:
     memory: never serialized, never queued, so no other worker can take it, and none of the work
     of encoding it here and decoding it in the consumer (pal.workers.inline runs it directly).
     Its fields are those the message would have carried, so its task runs with the same request
-    and Flower gets the same task events, its task-sent event included (`events`)."""
+    and Flower gets the same task events. Its task-sent event (`sent_event`) is sent by the worker
+    that runs it, buffered with that step's other task events (pal.workers.inline): one publish
+    per flush instead of an event message built, encoded and published per step."""
 
     args: list[Any]
     task_id: str
     root_id: str
     parent_id: str | None
     sent_at: float  # SENT_AT_HEADER: a step span's queue wait starts here (when tracing)
-    events: list[tuple[str, ...]]  # the Redis commands that send its task-sent event, if sent
+    sent_event: dict[str, Any] | None  # its task-sent event's fields (as_task_v2's), if sent
 
     @property
     def argsrepr(self) -> str:
@@ -220,18 +222,32 @@ class NodePublisher:
 
     def _take_own(self, wire: BrokerWire, message: OwnMessage, taken: list[str | bytes | OwnMessage]) -> None:
         """Take a message this thread will run next without queueing it. Pushed and popped back in
-        one transaction it would be seen by nobody; so only its task-sent event (Flower's) goes
-        out, with a count of the messages waiting (for `can_take`), and this thread does not wait
-        for their replies: `_settle` reads them before its next use of the wire. A failure to send
-        them loses that event only, never the message (its step was claimed for this thread)."""
+        one transaction it would be seen by nobody; so nothing of it goes out here (the worker that
+        runs it sends its task-sent event), only a count of the messages waiting (for `can_take`),
+        and this thread does not wait for the reply: `_settle` reads it before its next use of the
+        wire. A failure to send it loses that count only, never the message (its step was claimed
+        for this thread)."""
         try:
-            wire.send_unanswered([*message.events, ("LLEN", wire.queue_key)])
+            wire.send_unanswered([("LLEN", wire.queue_key)])
             self._held.unanswered_take = True
         except Exception as exc:
             self._drop(wire)  # the next send connects afresh
+            log.warning("the queue count of an own %s message was lost: %r", self.task_name, exc)
+        taken.append(message)
+
+    def publish_sent_event(self, fields: dict[str, Any]) -> None:
+        """Publish an own message's task-sent event by itself (a worker that buffers no task
+        events of its own); a failure loses that event only."""
+        wire = None
+        try:
+            wire = self._wire_of_process()
+            self._settle(wire)  # the reply the last own take left unread
+            wire.transaction(self._sent_event_commands(wire, fields))
+        except Exception as exc:
+            if wire is not None:
+                self._drop(wire)  # the next send connects afresh
             log.warning("the task-sent event of a %s message this worker runs itself was lost: %r",
                         self.task_name, exc)
-        taken.append(message)
 
     def _settle(self, wire: BrokerWire) -> None:
         """Read the replies of this thread's last own take, if still unread: the count of the
@@ -285,11 +301,12 @@ class NodePublisher:
         without the message itself)."""
         task_id, root_id, parent_id = self._ids()
         root_id = root_id or task_id  # as as_task_v2 roots a message that no task sent
-        events = self._sent_event_commands(wire, {
+        sent_event = {
             "uuid": task_id, "root_id": root_id, "parent_id": parent_id, "name": self.task_name,
             "args": repr(args), "kwargs": "{}", "retries": 0, "eta": None, "expires": None,
-        }) if self.sent_event else []
-        return OwnMessage(args, task_id, root_id, parent_id, time.time(), events)
+            "queue": self.queue_name, "exchange": "", "routing_key": self.queue_name,
+        } if self.sent_event else None
+        return OwnMessage(args, task_id, root_id, parent_id, time.time(), sent_event)
 
     def _ids(self) -> tuple[str, str | None, str | None]:
         """A new message's id, and its root and parent: the task this thread runs, if any, as
