@@ -256,7 +256,7 @@ def test_a_step_s_own_message_is_never_queued_and_carries_the_fields_of_its_task
 
 def test_a_message_built_as_the_thread_s_own_but_not_taken_is_queued_as_a_full_message(
         postgres_backend: Backend, redis_client: redis.Redis) -> None:
-    """Built ahead as this thread's own (`build(own=True)`: no Celery message, only its event) but
+    """Built ahead as this thread's own (`build(own=True)`: no Celery message, only its fields) but
     published as any other, because the completion could not claim the step for this thread: it
     goes onto the queue as the whole message send_task would send, for any worker to take."""
     app = create_app(postgres_backend.settings)

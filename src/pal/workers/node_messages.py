@@ -144,11 +144,14 @@ class NodePublisher:
     def build(self, args: list[Any], own: bool = False) -> Built | OwnMessage | None:
         """The message for `args`, built now to be published later (while the completion that must
         commit first is on its way: pal.engine.steps); `own`: as this thread's own message, which
-        it will most likely take back (`publish_taken`). None when the broker cannot be reached now
-        (the publish then builds it, or falls back to `send_task`)."""
+        it will most likely take back (`publish_taken`), which needs nothing of the broker. None
+        when the broker cannot be reached now (the publish then builds it, or falls back to
+        `send_task`)."""
         try:
+            if own:
+                return self._own(args)  # nothing of it is encoded for the broker
             wire = self._wire_of_process()
-            return self._own(args, wire) if own else Built(args, self._commands(args, wire))
+            return Built(args, self._commands(args, wire))
         except Exception as exc:  # the publish decides what a broker that is down means
             log.debug("a %s message was not built ahead: %r", self.task_name, exc)
             return None
@@ -195,7 +198,7 @@ class NodePublisher:
         self._held.taken = None  # one take per block
         if taken is not None and own and len(messages) == 1:
             [message] = messages
-            own_message = message if isinstance(message, OwnMessage) else self._own(_args(message), wire)
+            own_message = message if isinstance(message, OwnMessage) else self._own(_args(message))
             self._take_own(wire, own_message, taken)
             return
         # An OwnMessage not taken back after all is queued as a message like any other.
@@ -295,10 +298,9 @@ class NodePublisher:
                     wire = self._wire = BrokerWire(self.app, self.queue_name)
         return wire
 
-    def _own(self, args: list[Any], wire: BrokerWire) -> OwnMessage:
+    def _own(self, args: list[Any]) -> OwnMessage:
         """The message for `args` as this thread's own: the fields `_commands` would give it, and
-        the commands of its task-sent event (the same event as `as_task_v2` makes, built here
-        without the message itself)."""
+        those of its task-sent event (the event `as_task_v2` makes, without the message itself)."""
         task_id, root_id, parent_id = self._ids()
         root_id = root_id or task_id  # as as_task_v2 roots a message that no task sent
         sent_event = {
