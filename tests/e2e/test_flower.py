@@ -59,7 +59,8 @@ def test_flower_sees_pal_tasks_behind_basic_auth(processes: Processes, postgres_
     assert {"pal.execute_node"} <= names
 
     # Every message of that run (trigger, 2 tools, output) reaches Flower as sent and succeeded:
-    # its task-sent event (PAL's own publisher) and the worker's batched task events all arrive.
+    # its task-sent event (PAL's publisher's, or for a message the worker ran itself, the worker's
+    # batched with its other events) and the worker's batched task events all arrive.
     def run_tasks() -> list[dict[str, object]]:
         return [t for t in tasks().values() if run_id in str(t.get("args"))]
 

@@ -119,8 +119,10 @@ def test_a_solo_worker_runs_steps_inline_and_flower_sees_each_one(
     sent = [e for e in events if e["type"] == "task-sent" and e.get("uuid") in received]
     assert sorted(e["uuid"] for e in sent) == sorted(received)
     for e in sent:
-        fields = ("name", "args", "root_id", "parent_id")
+        fields = ("name", "args", "kwargs", "retries", "root_id", "parent_id")
         assert {k: e[k] for k in fields} == {k: received[e["uuid"]][k] for k in fields}
+        assert e["queue"] == e["routing_key"] == postgres_backend.settings.queue
+        assert e["timestamp"] <= received[e["uuid"]]["timestamp"]
     assert calls(counter) == ["s0", "s1", "s2"]
     # Migration 0020: a successor's step_started is written by its predecessor's completion (at
     # least once; every time, unless the chain broke), and the message taken back runs it.

@@ -8,6 +8,7 @@ import base64
 import json
 import os
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ import redis
 
 from pal.client import Client
 from pal.workers.app import create_app
+from pal.workers.inline import InlineSteps
 from pal.workers.node_messages import OWN_TAKES_WHILE_OTHERS_WAIT, NodePublisher, OwnMessage
 from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
 from tests.conftest import Backend
@@ -252,6 +254,42 @@ def test_a_step_s_own_message_is_never_queued_and_carries_the_fields_of_its_task
     publisher.publish(["run_x", "third", 1, "sig"])
     assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["third"]
     assert publisher.sent == 3  # the first, second and third: send_task's message is not this publisher's
+
+
+def test_an_own_message_s_task_sent_event_goes_with_the_worker_s_events_or_alone_if_it_sends_none(
+        postgres_backend: Backend, redis_client: redis.Redis) -> None:
+    """A solo worker that runs its own message sends the message's task-sent event: into its task
+    events' buffer when its dispatcher sends task events (pal.workers.consumer publishes them
+    together), by itself when it keeps its dispatcher for heartbeats only (a worker without task
+    events, or after `disable_events`): task-sent is the sender's setting."""
+    app = create_app(postgres_backend.settings)
+    publisher = app.node_publisher
+    assert isinstance(publisher, NodePublisher)
+    task = app.tasks[EXECUTE_NODE]
+    with publisher.taking_next() as taken:
+        assert publisher.publish_taken(["run_x", "own", 1, "sig"])
+    [own] = taken
+    assert isinstance(own, OwnMessage) and own.sent_event is not None
+    events = redis_client.pubsub()
+    events.psubscribe(postgres_backend.settings.broker_key_prefix + "/*celeryev*")
+    try:
+        assert events.get_message(timeout=2.0) is not None  # the subscription is in place
+        with app.connection_for_write() as connection:
+            with_task_events = app.events.Dispatcher(connection, buffer_group=["task"])
+            InlineSteps(task, app, SimpleNamespace(event_dispatcher=with_task_events, hostname="w"),
+                        lambda *_: None)._sent(own.sent_event)
+            [buffered] = with_task_events._group_buffer["task"]
+            heartbeats_only = app.events.Dispatcher(connection, groups=["worker"])
+            InlineSteps(task, app, SimpleNamespace(event_dispatcher=heartbeats_only, hostname="w"),
+                        lambda *_: None)._sent(own.sent_event)
+            [published] = _sent_events(events)
+    finally:
+        events.close()
+    for event in (buffered, published):
+        assert event["type"] == "task-sent" and event["uuid"] == own.task_id
+        assert event["timestamp"] == own.sent_at and event["args"] == own.argsrepr
+    assert _without_fresh(buffered) | {"hostname": None, "pid": None} == \
+        _without_fresh(published) | {"hostname": None, "pid": None}  # only the sender differs
 
 
 def test_a_message_built_as_the_thread_s_own_but_not_taken_is_queued_as_a_full_message(

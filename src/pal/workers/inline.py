@@ -150,8 +150,9 @@ class InlineSteps:
 
     def _sent(self, fields: dict[str, Any]) -> None:
         """An own message's task-sent event: buffered with this step's other events, or, when this
-        worker sends no task events of its own, published by itself as send_task would."""
-        if self.send_event is not None:
+        worker sends no task events of its own (`task_send_sent_event` is the sender's setting,
+        not the worker's), published by itself as send_task would."""
+        if self.send_event is not None and _sends_task_events(self.consumer.event_dispatcher):
             self.send_event("task-sent", **fields)
         elif self.publisher is not None:
             self.publisher.publish_sent_event(fields)
@@ -209,6 +210,13 @@ class InlineSteps:
         finally:
             task.pop_request()
             _task_stack.pop()
+
+
+def _sends_task_events(eventer: Any) -> bool:
+    """Whether the worker's event dispatcher sends task events now: a worker without task events
+    keeps it for its heartbeats only (its groups: "worker"), and `disable_events` drops the task
+    group at run time."""
+    return eventer is not None and bool(eventer.enabled) and (not eventer.groups or "task" in eventer.groups)
 
 
 def _stopping() -> bool:

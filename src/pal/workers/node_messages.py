@@ -12,8 +12,9 @@ MULTI/EXEC (`BrokerWire`): one write, one round trip, and none of the producer p
 batch's or redis-py's pipeline bookkeeping.
 
 A solo worker's step that runs its one successor itself keeps that message in memory (an
-`OwnMessage`): it is neither serialized nor queued, only its task-sent event goes out, and that
-event's reply is read later (`NodePublisher._take_own`).
+`OwnMessage`): it is neither serialized nor queued, and nothing of it goes out here but a count of
+the queue, whose reply is read later (`NodePublisher._take_own`); the worker sends its task-sent
+event with the step's other task events (pal.workers.inline).
 
 It is used only for plain dispatches on PAL's Redis transport. A batch (the sweep's re-drives)
 holds its messages and sends them all in one transaction when it ends. A countdown, or any failure of
@@ -171,10 +172,11 @@ class NodePublisher:
         """Publish one message and, inside a `taking_next` block, take that very message for this
         thread, which runs it next (its step was claimed for this thread: pal.storage.steps,
         `claim_next`). Such a message never goes through the queue, where any worker could take
-        it: the block's list gets it as an OwnMessage, and only its task-sent event and a count of
-        the queue are sent (`_take_own`). Outside a block it is published as usual and False is
-        returned: not taken back, it is whichever worker's that takes it (one finds the step
-        started and leaves it, and the sweep re-drives it when its lease lapses)."""
+        it: the block's list gets it as an OwnMessage, and only a count of the queue is sent
+        (`_take_own`; the worker that runs it sends its task-sent event). Outside a block it is
+        published as usual and False is returned: not taken back, it is whichever worker's that
+        takes it (one finds the step started and leaves it, and the sweep re-drives it when its
+        lease lapses)."""
         taken: list[str | bytes | OwnMessage] | None = getattr(self._held, "taken", None)
         return self._send_or_fall_back([message], own=True) and taken is not None and len(taken) > 0
 
@@ -303,12 +305,14 @@ class NodePublisher:
         those of its task-sent event (the event `as_task_v2` makes, without the message itself)."""
         task_id, root_id, parent_id = self._ids()
         root_id = root_id or task_id  # as as_task_v2 roots a message that no task sent
+        sent_at = time.time()
         sent_event = {
             "uuid": task_id, "root_id": root_id, "parent_id": parent_id, "name": self.task_name,
             "args": repr(args), "kwargs": "{}", "retries": 0, "eta": None, "expires": None,
             "queue": self.queue_name, "exchange": "", "routing_key": self.queue_name,
+            "timestamp": sent_at,  # when it was sent, as the event made at its publish would say
         } if self.sent_event else None
-        return OwnMessage(args, task_id, root_id, parent_id, time.time(), sent_event)
+        return OwnMessage(args, task_id, root_id, parent_id, sent_at, sent_event)
 
     def _ids(self) -> tuple[str, str | None, str | None]:
         """A new message's id, and its root and parent: the task this thread runs, if any, as
