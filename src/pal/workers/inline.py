@@ -213,10 +213,10 @@ class InlineSteps:
 
 
 def _sends_task_events(eventer: Any) -> bool:
-    """Whether the worker's event dispatcher sends task events now: a worker without task events
-    keeps it for its heartbeats only (its groups: "worker"), and `disable_events` drops the task
-    group at run time."""
-    return eventer is not None and bool(eventer.enabled) and (not eventer.groups or "task" in eventer.groups)
+    """Whether the worker's event dispatcher (enabled: `send_event` is set) sends task events now:
+    a worker without task events keeps it for its heartbeats only (its groups: "worker"), and
+    `disable_events` drops the task group at run time."""
+    return eventer is not None and (not eventer.groups or "task" in eventer.groups)
 
 
 def _stopping() -> bool:

@@ -91,6 +91,8 @@ class NodePublisher:
         self.task_name = task_name
         self.queue_name = queue
         self.sent_event = bool(app.conf.task_send_sent_event)
+        # Where a task-sent event says its message went (send_task adds these to as_task_v2's).
+        self._route = {"queue": queue, "exchange": "", "routing_key": queue}
         self.sent = 0  # messages this publisher sent itself (the rest went through send_task)
         self._held = threading.local()  # args: the messages of this thread's open batch, if any
         self._wire: BrokerWire | None = None  # this process's connection (_wire_of_process)
@@ -309,8 +311,7 @@ class NodePublisher:
         sent_event = {
             "uuid": task_id, "root_id": root_id, "parent_id": parent_id, "name": self.task_name,
             "args": repr(args), "kwargs": "{}", "retries": 0, "eta": None, "expires": None,
-            "queue": self.queue_name, "exchange": "", "routing_key": self.queue_name,
-            "timestamp": sent_at,  # when it was sent, as the event made at its publish would say
+            **self._route, "timestamp": sent_at,  # as the event made at its publish would say
         } if self.sent_event else None
         return OwnMessage(args, task_id, root_id, parent_id, sent_at, sent_event)
 
@@ -325,10 +326,9 @@ class NodePublisher:
         return uuid(), root_id, parent_id
 
     def _sent_event_commands(self, wire: BrokerWire, sent_event: dict[str, Any]) -> list[tuple[str, ...]]:
-        """The PUBLISH commands of a task-sent event with `sent_event`'s fields (`as_task_v2`'s)."""
+        """The PUBLISH commands of a task-sent event with `sent_event`'s fields, its route included."""
         dispatcher = self.app.amqp._event_dispatcher
-        event = dispatcher._prepare_event("task-sent", dict(
-            sent_event, queue=self.queue_name, exchange="", routing_key=self.queue_name))
+        event = dispatcher._prepare_event("task-sent", sent_event)
         payload = wire.envelope(json.dumps(event), dispatcher.headers, {"delivery_mode": TRANSIENT},
                                 wire.event_exchange, SENT_ROUTING_KEY)
         return [("PUBLISH", topic, payload) for topic in wire.event_topics]
@@ -346,7 +346,7 @@ class NodePublisher:
         message = wire.envelope(json.dumps(body), headers, properties, "", self.queue_name)
         commands: list[tuple[str, ...]] = [("LPUSH", wire.queue_key, message)]
         if sent_event is not None:
-            commands.extend(self._sent_event_commands(wire, sent_event))
+            commands.extend(self._sent_event_commands(wire, sent_event | self._route))
         return commands
 
 
