@@ -24,34 +24,12 @@ from pal.client import Client
 from pal.core.clock import utcnow
 from pal.core.records import Fence
 from pal.engine.recovery import redrive
-from pal.engine.steps import execute_step
 from pal.errors import LeaseLost
 from tests.conftest import Backend
 from tests.support.graphs import branching, counted, edge, flaky, linear
+from tests.support.inprocess import Process, two_processes
 from tests.support.journal_reads import Counted, started
 from tests.support.tools import calls
-
-Message = tuple[str, str, int]
-
-
-class Process:
-    """A Client standing for one worker process, with its own outbox instead of the broker."""
-
-    def __init__(self, backend: Backend) -> None:
-        self.client = Client(backend.settings)
-        self.outbox: list[Message] = []
-        self.client.runtime.publish = lambda run_id, step_id, generation, countdown=0.0: (
-            self.outbox.append((run_id, step_id, generation)))
-
-    def deliver(self, message: Message) -> str:
-        return execute_step(self.client.runtime, *message).outcome
-
-
-def two_processes(backend: Backend) -> Iterator[tuple[Process, Process]]:
-    a, b = Process(backend), Process(backend)
-    yield a, b
-    b.client.close()
-    a.client.close()
 
 
 @pytest.fixture

@@ -90,6 +90,10 @@ SCENARIOS = [
         claim("b", 4), complete("b", kit.finishing({"answer": 42}), 5),
         claim("c", 6), complete("b", kit.finishing("again"), 7),
     ], {CLAIM_STEP, COMPLETE_STEP}, {"terminal", "LeaseLost"}),
+    scenario("complete-that-dispatches-nothing", [  # a fan-out's first branch, then the join
+        claim("start"), complete("start", kit.dispatching("a", "b"), 1), claim("a", 2), claim("b", 2),
+        complete("a", kit.dispatching(), 3), complete("b", kit.dispatching("j"), 4), claim("j", 5),
+    ], {CLAIM_STEP, COMPLETE_STEP}, {"run", "Handoff"}),
     scenario("duplicate-claim", [
         claim("start"), claim("start", 1, worker="w2"), complete("start", kit.dispatching("a"), 1),
         claim("start", 1), claim("a", 2), claim("a", 3, worker="w2"), complete("a", kit.dispatching("b"), 4),

@@ -322,6 +322,24 @@ def test_a_join_behind_a_long_pending_chain_falls_back_to_the_whole_walk() -> No
     assert interpreter.handoff(graph, completed, "b599").dispatch == ("join",)
 
 
+def test_a_wide_join_is_classified_by_its_unfinished_branches_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fan-out of 1,000 branches, 999 completed: the join is pending on the last one. Its
+    classification looks at that branch alone (the completed ones need no walk), so each branch's
+    hand-off stays local instead of passing the walk's limit and walking the whole graph."""
+    branches = [f"b{i}" for i in range(1000)]
+    graph = build({"t": "trigger", "join": "tool"} | dict.fromkeys(branches, "tool"),
+                  [*(("t", b) for b in branches), *((b, "join") for b in branches)])
+    completed: dict[str, Any] = {"t": {}} | {b: {} for b in branches if b != "b500"}
+    known: dict[str, interpreter.NodeState] = {}
+    assert interpreter.node_state(graph, "join", completed, known) is interpreter.NodeState.PENDING
+    assert known == {"b500": interpreter.NodeState.READY, "join": interpreter.NodeState.PENDING}
+    with monkeypatch.context() as patched:  # the hand-off must not fall back to the whole walk
+        patched.setattr(interpreter, "progress", lambda *_: pytest.fail("walked the whole graph"))
+        result = interpreter.handoff(graph, completed, "b999")
+    assert result.dispatch == () and not result.finished
+    assert interpreter.handoff(graph, completed | {"b500": {}}, "b500").dispatch == ("join",)
+
+
 def test_a_step_deep_in_a_long_chain_is_classified_without_recursing_once_per_node() -> None:
     """A process's first claim of a long run's step knows none of its completions yet: climbing
     3,000 pending nodes one frame each would pass Python's recursion limit (a RecursionError

@@ -91,17 +91,17 @@ def node_state(graph: Graph, node_id: str, completed: Mapping[str, Any],
     elif not graph.incoming[node_id]:
         state = NodeState.READY  # the trigger
     else:
-        live = False
-        state = NodeState.SKIPPED
-        for edge in graph.incoming[node_id]:
-            source = node_state(graph, edge.source, completed, known, limit, depth + 1)
-            if source is NodeState.SKIPPED:
-                continue  # a dead edge
-            if source is not NodeState.COMPLETED:
+        # The sources not completed first: one that is not skipped leaves the node pending, and
+        # the completed ones need no walk. A join whose branches complete one by one then costs
+        # each completion a lookup per branch, not a classification (docs/benchmarks.md).
+        incoming = graph.incoming[node_id]
+        for edge in incoming:
+            if edge.source not in completed and node_state(graph, edge.source, completed, known, limit,
+                                                           depth + 1) is not NodeState.SKIPPED:
                 state = NodeState.PENDING
                 break
-            live = live or _chosen(graph, edge, completed)
-        else:
+        else:  # every edge resolved: live when a completed source chose it, dead otherwise
+            live = any(_chosen(graph, edge, completed) for edge in incoming if edge.source in completed)
             state = NodeState.READY if live else NodeState.SKIPPED
     known[node_id] = state
     return state

@@ -251,7 +251,12 @@ class StepStore(Primitives):
                     output_tokens=runs.c.output_tokens + usage.output_tokens,
                     cost_usd=runs.c.cost_usd + usage.cost_usd))
             decision = plan(log.outputs)
-            self._settle(conn, fence.run_id, decision, fence.generation, fence.now, frontier)
+            # The log is the run's whole step log, read under its lock row: when it shows no
+            # parked step that a decision has not ended, none waits, and the completion skips the
+            # journal's query for waiting steps (a fan-out asked it at each branch's completion,
+            # docs/benchmarks.md).
+            may_park = frontier if log.waited else None
+            self._settle(conn, fence.run_id, decision, fence.generation, fence.now, may_park)
             return decision
 
     def _complete_in_one_call(self, calls: AutocommitCalls, fence: Fence, step_id: str, attempt: int,
@@ -263,14 +268,19 @@ class StepStore(Primitives):
         The hand-off is planned first, from this process's step log plus this step's output; the
         function appends `step_completed` only if no step event came after that log, so the plan
         is what `complete_step`'s transaction would decide. None when the plan would write more
-        than the completion (the run finishes, or parks when nothing is dispatched) or the log was
-        not the latest: the caller then decides in a transaction."""
+        than the completion (the run finishes, or may park: see below) or the log was
+        not the latest: the caller then decides in a transaction. A plan that dispatches nothing
+        is one call only when the log shows no parked step that a decision has not ended: with
+        one, the run may have to park."""
         run_id = fence.run_id
         known = self._known_log(run_id)
         if step_id in known.outputs:
             return None
         decision = plan(WithOne(known.outputs, step_id, payload["output"]))
-        if decision.finished or not decision.dispatch:
+        # Writes beyond the completion need the transaction: the run's finish, or its parking
+        # when nothing is dispatched and a step of it waits. A completion that dispatches nothing
+        # while no step waits (a fan-out's branches, before the last) is one call.
+        if decision.finished or (not decision.dispatch and known.waited):
             return None
         # The successor is claimed as the one-call claim would claim it: from the same log, which
         # the function checks is the latest.

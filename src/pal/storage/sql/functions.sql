@@ -187,7 +187,12 @@ AS $function$
 
             IF EXISTS (SELECT 1 FROM journal_events e
                         WHERE e.run_id = p_run AND e.seq > p_after AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated')) THEN
-                RETURN;  -- the caller predicted its hand-off from an older log: it decides again
+                -- The caller predicted its hand-off from an older log: it decides again, in a
+                -- transaction. This call wrote only the lease's renewal, which needs no WAL flush
+                -- (as a claim's; migration 0021): a durable commit would make a fan-out's branch
+                -- wait for one to write nothing.
+                PERFORM set_config('synchronous_commit', 'off', true);
+                RETURN;
             END IF;
 
             INSERT INTO journal_events (run_id, step_id, attempt, kind, payload, generation, created_at)
