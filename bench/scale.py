@@ -396,11 +396,11 @@ def hot_path_rate(client: Client, env: dict[str, str], tmp: Path) -> float:
     created to run finished, so the driver's polling adds nothing to the figure."""
     log = tmp / f"hot-{time.monotonic_ns()}.log"
     workers = start_pal_workers(env, log, solo=True)
+    first_log = log.with_suffix(".0.log")  # the first worker's, whose tail a failure shows
     try:
         # Its own tenant: the cloned in-flight runs fill the default tenant's PAL_MAX_RUNS_IN_FLIGHT.
-        run_to_end(client, linear_graph(2), READY_TIMEOUT, log.with_suffix(".0.log"), tenant_id="bench-hot")
-        run_id = run_to_end(client, linear_graph(RSS_NODES), RUN_TIMEOUT, log.with_suffix(".0.log"),
-                            tenant_id="bench-hot")
+        run_to_end(client, linear_graph(2), READY_TIMEOUT, first_log, tenant_id="bench-hot")
+        run_id = run_to_end(client, linear_graph(RSS_NODES), RUN_TIMEOUT, first_log, tenant_id="bench-hot")
         run = client.get_run(run_id)
         steps = sum(1 for e in client.events(run_id) if e.kind == "step_completed")
         return steps / (run.finished_at - run.created_at).total_seconds()

@@ -255,8 +255,8 @@ class StepStore(Primitives):
             # parked step that a decision has not ended, none waits, and the completion skips the
             # journal's query for waiting steps (a fan-out asked it at each branch's completion,
             # docs/benchmarks.md).
-            may_park = frontier if log.waited else None
-            self._settle(conn, fence.run_id, decision, fence.generation, fence.now, may_park)
+            parking_frontier = frontier if log.waited else None  # None: the run cannot park
+            self._settle(conn, fence.run_id, decision, fence.generation, fence.now, parking_frontier)
             return decision
 
     def _complete_in_one_call(self, calls: AutocommitCalls, fence: Fence, step_id: str, attempt: int,
