@@ -35,6 +35,7 @@ from pal.cli.demo_graph import (
     ledger_counts,
     triage_graph,
 )
+from pal.storage.private_files import private_folder
 
 DEMO_LEASE_TTL = "3s"  # short, so the demo's recovery comes seconds after the crash, not 30 s
 CRASHED_STEP = "customer"
@@ -53,7 +54,7 @@ def start_worker_process(home: Path, concurrency: int = 2, *, ledger: Path | Non
     if lease_ttl is not None:
         env["PAL_LEASE_TTL"] = lease_ttl
     log_path = home / "demo-worker.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(log_path.parent)
     with log_path.open("ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "pal.cli", "worker", "--concurrency", str(concurrency)],

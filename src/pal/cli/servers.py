@@ -48,9 +48,10 @@ def worker(
 
 def beat(loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "info") -> None:
     """Run celery beat, which sends the orphan sweep every PAL_RECOVERY_INTERVAL."""
+    from pal.storage.private_files import private_folder
     from pal.workers import app as celery_app
 
-    celery_app.runtime.settings.home.mkdir(parents=True, exist_ok=True)  # its schedule file lives there
+    private_folder(celery_app.runtime.settings.home)  # its schedule file lives there
     celery_app.start(["beat", f"--loglevel={loglevel}"])
 
 

@@ -9,6 +9,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from pal.storage.private_files import private_database_file
+
 _engines: dict[str, Engine] = {}
 PING_AFTER_IDLE_SECONDS = 1.0  # a pooled Postgres connection idle this long is pinged before use
 _IDLE_SINCE = "pal_idle_since"
@@ -27,7 +29,9 @@ def create_engine(url: str) -> Engine:
     parsed = normalize_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            # The journal holds every tenant's graphs and inputs: 0600 in a 0700 folder that PAL
+            # makes, before SQLite opens it (pal.storage.private_files).
+            private_database_file(Path(parsed.database))
         # hide_parameters: a database error's text never carries a statement's values (a run's graph
         # or input may hold credentials: docs/security.md).
         engine = sa.create_engine(parsed, connect_args={"timeout": 60}, hide_parameters=True)

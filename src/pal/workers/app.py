@@ -10,6 +10,7 @@ from celery.signals import worker_process_shutdown, worker_shutdown
 from pal.config import DEFAULT_VISIBILITY_TIMEOUT_SECONDS, Settings
 from pal.core.redact import install_log_redaction
 from pal.engine.runtime import Runtime
+from pal.storage.private_files import private_folder
 from pal.workers.beat import schedule_of
 from pal.workers.fs_transport import TRANSPORT as FILESYSTEM_TRANSPORT
 from pal.workers.node_messages import NodePublisher
@@ -31,7 +32,7 @@ def broker_transport_options(settings: Settings) -> dict[str, Any]:
     if settings.is_embedded_broker:
         folder = settings.broker_folder
         for sub in ("queue", "control"):
-            (folder / sub).mkdir(parents=True, exist_ok=True)
+            private_folder(folder / sub)  # messages name runs and carry signatures: 0700, as the journal's
         options.update(
             data_folder_in=str(folder / "queue"),
             data_folder_out=str(folder / "queue"),
