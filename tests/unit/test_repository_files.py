@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,21 +39,69 @@ def test_docker_compose_keeps_its_services_private() -> None:
         assert all(port.startswith("127.0.0.1:") for port in services[name]["ports"]), name
     assert yaml.safe_load(text)["networks"]["backend"] == {"internal": True}
     assert set(services["postgres"]["networks"]) == set(services["redis"]["networks"]) == {"backend"}
-    assert "--requirepass" in services["redis"]["command"]
+    assert services["redis"]["entrypoint"] == ["sh", "/usr/local/bin/pal-redis-start.sh"]  # requirepass
     assert "postgres:postgres" not in text and "POSTGRES_PASSWORD: postgres" not in text
     for name in ("worker", "beat", "api", "flower"):  # the owner's password only where migrations run
         assert "PAL_POSTGRES_PASSWORD" not in str(services[name]), name
     assert services["migrate"]["command"][-1] == "pal db upgrade && pal db grant pal_app"
 
 
-def test_make_env_generates_fresh_secrets() -> None:
-    import subprocess
+PASSWORD_VARIABLES = ("PAL_POSTGRES_PASSWORD", "PAL_APP_DB_PASSWORD", "PAL_REDIS_PASSWORD", "PAL_FLOWER_BASIC_AUTH")
 
+
+def test_no_service_gets_a_password_on_its_command_line() -> None:
+    """The review found `--requirepass ${PAL_REDIS_PASSWORD}` in Redis's command: a process's argv
+    is readable by every user of the host (`ps`). Passwords go in the environment (readable by the
+    process's own user only) or in a file, never in an entrypoint or a command."""
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    for name, service in services.items():
+        argv = " ".join(str(service.get(key, "")) for key in ("entrypoint", "command"))
+        assert not any(variable in argv for variable in PASSWORD_VARIABLES), (name, argv)
+        assert "requirepass" not in argv and "password" not in argv.lower(), (name, argv)
+    redis = services["redis"]
+    assert redis["environment"]["PAL_REDIS_PASSWORD"].startswith("${PAL_REDIS_PASSWORD:?")
+    assert "./deploy/redis-start.sh:/usr/local/bin/pal-redis-start.sh:ro" in redis["volumes"]
+    assert redis["command"] == ["--save", "", "--appendonly", "no"]
+
+
+def run_redis_start(tmp_path: Path, password: str) -> subprocess.CompletedProcess[str]:
+    """deploy/redis-start.sh with a stand-in `redis-server` that records its argv and environment."""
+    bin_folder = tmp_path / "bin"
+    bin_folder.mkdir(exist_ok=True)
+    fake = bin_folder / "redis-server"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$RECORD.argv"\nenv > "$RECORD.env"\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{bin_folder}{os.pathsep}{os.environ['PATH']}", "PAL_REDIS_PASSWORD": password,
+           "PAL_REDIS_CONF": str(tmp_path / "redis.conf"), "RECORD": str(tmp_path / "record")}
+    return subprocess.run(["sh", str(REPO / "deploy" / "redis-start.sh"), "--save", "", "--appendonly", "no"],
+                          env=env, capture_output=True, text=True, check=False, timeout=30)
+
+
+def test_redis_start_hands_the_password_over_in_a_private_config_file(tmp_path: Path) -> None:
+    password = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a6978"
+    result = run_redis_start(tmp_path, password)
+    assert result.returncode == 0, result.stderr
+    argv = (tmp_path / "record.argv").read_text().splitlines()
+    assert argv == [str(tmp_path / "redis.conf"), "--save", "", "--appendonly", "no"]
+    assert password not in (tmp_path / "record.env").read_text()  # unset before redis-server starts
+    conf = tmp_path / "redis.conf"
+    assert conf.read_text() == f"requirepass {password}\n"
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("password", ["", "two words", 'quote"d', "line\nbreak", "back\\slash"])
+def test_redis_start_refuses_a_password_its_config_file_cannot_hold(tmp_path: Path, password: str) -> None:
+    result = run_redis_start(tmp_path, password)
+    assert result.returncode == 1 and "PAL_REDIS_PASSWORD must be set" in result.stderr
+    assert not (tmp_path / "record.argv").exists() and not (tmp_path / "redis.conf").exists()
+
+
+def test_make_env_generates_fresh_secrets() -> None:
     outputs = [subprocess.run(["sh", str(REPO / "deploy" / "make-env.sh")], capture_output=True, text=True,
                               check=True).stdout for _ in range(2)]
     first, second = ({k: v for k, _, v in (line.partition("=") for line in out.splitlines())} for out in outputs)
-    assert set(first) == {"PAL_POSTGRES_PASSWORD", "PAL_APP_DB_PASSWORD", "PAL_REDIS_PASSWORD",
-                          "PAL_FLOWER_BASIC_AUTH"}
+    assert set(first) == set(PASSWORD_VARIABLES)
+    assert all(password.isalnum() for password in (first["PAL_REDIS_PASSWORD"], second["PAL_REDIS_PASSWORD"]))
     assert all(len(v) >= 40 for v in first.values())
     assert not set(first.values()) & set(second.values())  # random every time
 
