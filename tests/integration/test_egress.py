@@ -375,3 +375,34 @@ def test_a_subject_cannot_inject_a_header(mail_client: Client, smtp: SmtpReceive
     run = mail_client.get_run(run_id)
     assert run.status == "failed" and "cannot form the message" in run.error["message"], run.error
     assert smtp.messages == [] and mail_client.runtime.journal.receipts(run_id) == []
+
+
+# An address literal names the host the SMTP server delivers to: the graph would choose it.
+ADDRESS_LITERALS = ["ada@[127.0.0.1]", "ada@[IPv6:::1]", "Ada <ada@[169.254.169.254]>", "ada@[ 10.0.0.1 ]",
+                    "ada@[IPv6:fe80::1]", "ada@127.0.0.1", "ada@2130706433", "ada@0x7f000001"]
+
+
+@pytest.mark.parametrize("literal", ADDRESS_LITERALS)
+def test_an_address_literal_is_refused_at_validation(mail_client: Client, smtp: SmtpReceiver, literal: str) -> None:
+    """As `to`, as one item of a `to` list, or as `from`: the graph is refused, nothing is written."""
+    sent = capture(mail_client)
+    for field, value in (("to", literal), ("to", ["ada@example.test", literal]), ("from", literal)):
+        graph = email()
+        graph["nodes"][1]["data"][field] = value
+        with pytest.raises(GraphError, match=r"names a host by IP address") as caught:
+            mail_client.start_run(graph, {"ticket": "T-10"})
+        assert f"node 'notify': {field!r}" in str(caught.value)
+    assert mail_client.list_runs() == [] and sent == [] and smtp.messages == []
+
+
+@pytest.mark.parametrize("to", ADDRESS_LITERALS)
+def test_an_address_literal_rendered_by_a_template_is_never_sent_to(mail_client: Client, smtp: SmtpReceiver,
+                                                                     to: str) -> None:
+    sent = capture(mail_client)
+    run_id = mail_client.start_run(email(), {"ticket": "T-11", "to": ["ada@example.test", to]})
+    drain(mail_client, sent)
+    run = mail_client.get_run(run_id)
+    assert run.status == "failed" and "names a host by IP address" in run.error["message"], run.error
+    assert "nothing was sent" in run.error["message"]
+    assert smtp.messages == [] and mail_client.runtime.journal.receipts(run_id) == []
+

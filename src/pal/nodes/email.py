@@ -21,6 +21,7 @@ from email.message import EmailMessage
 from typing import Any, ClassVar
 
 from pal.config import smtp_address
+from pal.core import egress, templates
 from pal.errors import DeliveryError, DeliveryOutcomeUnknown, DeliveryTimeout
 from pal.nodes.base import Field, NodeKind, StepContext
 from pal.nodes.delivery import deliver
@@ -50,6 +51,9 @@ def one_address(text: str) -> Address | str:
     address = addresses[0]
     if not address.username or not address.domain:
         return "is not user@domain"
+    if address.domain.startswith("[") or egress.is_address_literal(address.domain):
+        # a@[127.0.0.1] makes the SMTP server deliver to a host the graph picks, internal ones too
+        return f"names a host by IP address ({address.domain}), not a domain name"
     return address
 
 
@@ -64,6 +68,17 @@ class Email(NodeKind):
         "idempotentReceiver": Field((bool,), templated=False),
         "label": Field((str,), templated=False),
     }
+
+    def validate(self, data: Mapping[str, Any], known_tools: frozenset[str] | None) -> list[str]:
+        problems = super().validate(data, known_tools)
+        to = data.get("to")
+        for field, items in (("to", to if isinstance(to, list) else [to]), ("from", [data.get("from")])):
+            for item in items:  # a template is checked once rendered, in execute
+                if isinstance(item, str) and not templates.has_template(item):
+                    problem = one_address(item)
+                    if isinstance(problem, str):
+                        problems.append(f"{field!r} {'item ' if field == 'to' else ''}{item!r} {problem}")
+        return problems
 
     def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:
         services = ctx.need_services()
