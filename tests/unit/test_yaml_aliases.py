@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pal.core import limits
+from pal.core import document_text
 from pal.errors import GraphError
 from pal.plan.documents import load_graph_text
 from pal.plan.graph import parse_graph
@@ -116,9 +116,9 @@ def test_json_is_not_affected() -> None:
 
 def test_node_count_is_bounded_while_composing(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(GraphError, match="more than 10 YAML nodes"):
-        limits.load_yaml("[" + ", ".join(["1"] * 20) + "]", max_nodes=10)
-    assert limits.load_yaml("[1, 2, 3]", max_nodes=10) == [1, 2, 3]
-    monkeypatch.setattr(limits, "MAX_YAML_NODES", 5)
+        document_text.load_yaml("[" + ", ".join(["1"] * 20) + "]", max_nodes=10)
+    assert document_text.load_yaml("[1, 2, 3]", max_nodes=10) == [1, 2, 3]
+    monkeypatch.setattr(document_text, "MAX_YAML_NODES", 5)
     with pytest.raises(GraphError, match="YAML nodes"):
         load_graph_text(GRAPH_YAML)
 

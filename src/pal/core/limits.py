@@ -2,10 +2,10 @@
 
 Byte sizes alone do not bound the work: a 200 kB document of nested brackets makes Python's JSON
 codec, and every recursive walk after it, raise RecursionError. Depth is checked first, with an
-explicit stack, so such a document is refused with a clear message before anything else sees it.
-A YAML alias expands after the byte limit was checked, so graph documents may not use any. A
-template is bounded by the budget of its render (RenderBudget), which the template sandbox
-(pal.core.template_sandbox) charges at every operation. See docs/guarantees.md, section 7.
+explicit stack, so such a document is refused with a clear message before anything else sees it
+(a graph document's text is decoded by pal.core.document_text). A template is bounded by the budget
+of its render (RenderBudget), which the template sandbox (pal.core.template_sandbox) charges at
+every operation. See docs/guarantees.md, section 7.
 """
 
 from __future__ import annotations
@@ -17,10 +17,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-import yaml
 from jinja2.exceptions import SecurityError
-
-from pal.errors import GraphError
 
 
 def json_depth(value: Any, stop_after: int) -> int:
@@ -58,47 +55,6 @@ def depth_problem(value: Any, limit: int, what: str) -> str | None:
     if json_depth(value, limit) > limit:
         return f"{what} nests lists and objects more than {limit} levels deep (PAL_MAX_JSON_DEPTH)"
     return None
-
-
-# -- YAML graph documents ----------------------------------------------------------------------
-# PAL_MAX_GRAPH_BYTES is checked before decoding, and a YAML alias expands after it: nine nested
-# lists of nine aliases each are 490 bytes and hundreds of millions of nodes. A graph document has no
-# use for anchors (&a) or aliases (*a), so the loader refuses both, even an anchor used once.
-MAX_YAML_NODES = 500_000  # without aliases a node costs at least two bytes; a backstop, not a limit
-
-
-class _GraphYamlLoader(yaml.SafeLoader):
-    """SafeLoader that refuses anchors and aliases, and counts nodes while it composes them."""
-
-    def __init__(self, stream: str, max_nodes: int) -> None:
-        super().__init__(stream)
-        self._max_nodes = self._nodes_left = max_nodes
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        event = self.peek_event()  # type: ignore[no-untyped-call]
-        line = event.start_mark.line + 1 if event.start_mark else 0
-        if isinstance(event, yaml.AliasEvent):
-            raise GraphError([f"graph document uses the YAML alias *{event.anchor} (line {line}): "
-                              "anchors and aliases are not allowed in graph documents, because an "
-                              "alias can expand a small document into a huge one; write it out"])
-        anchor = getattr(event, "anchor", None)
-        if anchor is not None:
-            raise GraphError([f"graph document defines the YAML anchor &{anchor} (line {line}): "
-                              "anchors and aliases are not allowed in graph documents"])
-        self._nodes_left -= 1
-        if self._nodes_left < 0:
-            raise GraphError([f"graph document has more than {self._max_nodes} YAML nodes"])
-        return super().compose_node(parent, index)
-
-
-def load_yaml(text: str, max_nodes: int | None = None) -> Any:
-    """Decode one YAML document without anchors or aliases; GraphError when it has them.
-    yaml.YAMLError and RecursionError pass through for the caller to word."""
-    loader = _GraphYamlLoader(text, MAX_YAML_NODES if max_nodes is None else max_nodes)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
 
 
 # -- Template renders ---------------------------------------------------------------------------

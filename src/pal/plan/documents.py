@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from pal.core.limits import depth_problem, load_yaml
+from pal.core.document_text import load_json, load_yaml
+from pal.core.limits import depth_problem
 from pal.errors import GraphError
 
 
@@ -34,13 +35,13 @@ def load_graph_text(text: str, *, max_bytes: int | None = None) -> Any:
     """Decode a JSON or YAML graph document (not yet validated)."""
     check_size(text, max_bytes=max_bytes)
     try:
-        return json.loads(text)
+        return load_json(text)  # JSON values only, as the YAML loader (pal.core.document_text)
     except json.JSONDecodeError:
         pass
     except RecursionError as exc:  # nested brackets, far past any real graph (PAL_MAX_JSON_DEPTH)
         raise GraphError(["graph document nests too deeply to decode"]) from exc
     try:
-        return load_yaml(text)  # no anchors or aliases: they expand past the byte limit (pal.core.limits)
+        return load_yaml(text)  # no anchors or aliases: they expand past the byte limit
     except yaml.YAMLError as exc:
         raise GraphError([f"graph is neither JSON nor YAML: {exc}"]) from exc
     except RecursionError as exc:
