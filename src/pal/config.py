@@ -44,6 +44,11 @@ PAL_VM_ROOT              the folder holding microVM runs' work directories on a 
 PAL_VM_GUEST             the qemu-microvm guest's folder: vmlinuz and initrd.img (default
                          $PAL_HOME/vm-guest; `make vm-guest` builds it under .venv/vm-guest)
 PAL_VM_ACCEL             kvm | tcg: how qemu-microvm runs its guests (default kvm; tcg emulates)
+PAL_VM_UID               the unprivileged user (and group) id workloads run as on a VM host (default 100000)
+PAL_VM_MAX_MEMORY_MB     the most memory one VM may ask for on this host (default 4096)
+PAL_VM_MAX_CPUS          the most CPUs one VM may ask for on this host (default: the host's count)
+PAL_VM_MAX_PIDS          the most processes one VM may ask for on this host (default 4096)
+PAL_VM_EXPOSE            extra host folders or files a sandbox sees read-only, colon-separated
 PAL_FIRECRACKER_BIN      the firecracker binary of a VM host (default firecracker)
 PAL_FIRECRACKER_KERNEL   the guest kernel the firecracker driver boots
 PAL_FIRECRACKER_ROOTFS   the guest's read-only root filesystem image
@@ -146,6 +151,11 @@ class Settings:
     vm_root: str = ""  # PAL_VM_ROOT ("" before load_settings fills in $PAL_HOME/vm-work)
     vm_guest: str = ""  # PAL_VM_GUEST
     vm_accel: str = "kvm"  # PAL_VM_ACCEL
+    vm_uid: int = 100000  # PAL_VM_UID
+    vm_max_memory_mb: int = 4096  # PAL_VM_MAX_MEMORY_MB
+    vm_max_cpus: float = float(os.cpu_count() or 1)  # PAL_VM_MAX_CPUS
+    vm_max_pids: int = 4096  # PAL_VM_MAX_PIDS
+    vm_expose: tuple[str, ...] = ()  # PAL_VM_EXPOSE
     firecracker_bin: str = "firecracker"  # PAL_FIRECRACKER_BIN
     firecracker_kernel: str = ""  # PAL_FIRECRACKER_KERNEL
     firecracker_rootfs: str = ""  # PAL_FIRECRACKER_ROOTFS
@@ -292,12 +302,28 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         vm_root=str(Path(env.get("PAL_VM_ROOT", "").strip() or home / "vm-work").absolute()),
         vm_guest=str(Path(env.get("PAL_VM_GUEST", "").strip() or home / "vm-guest").absolute()),
         vm_accel=_choice(env, "PAL_VM_ACCEL", ("kvm", "tcg")),
+        vm_uid=_int(env, "PAL_VM_UID", 100000),
+        vm_max_memory_mb=_int(env, "PAL_VM_MAX_MEMORY_MB", 4096),
+        vm_max_cpus=_positive_number(env, "PAL_VM_MAX_CPUS") if env.get("PAL_VM_MAX_CPUS", "").strip()
+        else float(os.cpu_count() or 1),
+        vm_max_pids=_int(env, "PAL_VM_MAX_PIDS", 4096),
+        vm_expose=_absolute_paths(env, "PAL_VM_EXPOSE"),
         firecracker_bin=env.get("PAL_FIRECRACKER_BIN", "").strip() or "firecracker",
         firecracker_kernel=env.get("PAL_FIRECRACKER_KERNEL", "").strip(),
         firecracker_rootfs=env.get("PAL_FIRECRACKER_ROOTFS", "").strip(),
         signing_key=env.get("PAL_SIGNING_KEY", "").strip(),
         trusted_keys=tuple(k.strip() for k in env.get("PAL_TRUSTED_KEYS", "").split(",") if k.strip()),
     )
+
+
+def _absolute_paths(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    paths = tuple(p.strip() for p in env.get(name, "").split(":") if p.strip())
+    bad = [p for p in paths if not p.startswith("/") or any(c.isspace() or c in ",'\"\\" for c in p)
+           or ".." in p.split("/")]
+    if bad:
+        raise ConfigError(f"{name}: {bad[0]!r} must be an absolute path without '..', spaces, commas "
+                          "or quotes")
+    return paths
 
 
 def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str:

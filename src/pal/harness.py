@@ -1,12 +1,15 @@
 """`python -m pal.harness`: a VM's supervisor (docs/isolated-tier.md).
 
-Started by a VM driver with the VM's id, report token and control-plane URL in its environment, it
-- starts the workload (`PAL_VM_COMMAND`) in the driver's sandbox, in the VM's work directory, with
-  `PAL_RESUME` (1 on a resume) and `PAL_HARNESS_SOCKET`, and never with the token;
-- serves the workload's SDK (`pal.sdk`) on that Unix socket: the saved outputs of completed steps,
-  and step events, which it reports to `POST /v1/runtime/report`;
-- sends heartbeats, which renew the run's lease;
-- reports the workload's exit.
+Started by a VM driver as root on the VM host, with the VM's id, report token, work directory and
+limits in its environment, it
+- makes the VM's cgroup (memory, CPU, processes) and opens the work directory without following a
+  link (it is the only writable host folder the workload gets);
+- starts the workload in the driver's sandbox, as the unprivileged PAL_VM_UID, with `PAL_RESUME`,
+  `PAL_HARNESS_SOCKET` and `PAL_HARNESS_KEY` (a secret of this VM's), never with the token;
+- serves the workload's SDK (`pal.sdk`) on a socket in the VM's private state folder, answering only
+  requests that carry the key: the saved outputs of completed steps, and step events, which it
+  reports to `POST /v1/runtime/report`;
+- sends heartbeats, which renew the run's lease, and reports the workload's exit.
 Reports are retried while the control plane is briefly unreachable (the workload keeps running);
 the journal de-duplicates them (a step completes once). A refusal means this VM no longer holds the
 run (an earlier attempt's VM, a finished run): the harness then stops the workload and exits.
@@ -14,45 +17,42 @@ run (an earlier attempt's VM, a finished run): the harness then stops the worklo
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import importlib.util
+import hmac
 import json
+import math
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from pal.vms import DriverError
+from pal.vms.cgroups import Group, Limits
+from pal.vms.paths import open_work_dir
+from pal.vms.qemu import QEMU_OVERHEAD_MB, microvm
+from pal.vms.sandbox import SANDBOX_SOCKET, WORK, namespace_command
+
 _RETRY_FOR_S = 60.0  # how long a report is retried while the control plane is unreachable
 BOOT_WAIT_S = 20.0  # a microVM that printed nothing by then is stopped
 EXIT_WAIT_S = 5.0  # a microVM whose workload ended is stopped if it has not powered off by then
+MAX_LINE = 8 << 20  # one SDK request; the control plane caps outputs itself (PAL_MAX_OUTPUT_BYTES)
+OOM_EXIT = 137  # the code of a workload the kernel killed for its memory limit, as a shell reports it
 _PR_SET_PDEATHSIG = 1
-
-# The namespace sandbox's first process: every mount read-only, then the work directory bound
-# writable over it, a fresh sysfs for the new network namespace, and the workload exec'd as PID 1.
-_SANDBOX = r"""
-set -e
-W="$1"; shift
-mount --make-rprivate /
-for m in $(awk '{print $2}' /proc/self/mounts | sort -u); do
-  mount -o remount,bind,ro "$m" 2>/dev/null || true
-done
-mount --bind "$W" "$W"
-mount -o remount,bind,rw "$W"
-mount -t sysfs sysfs /sys 2>/dev/null || true
-cd "$W"
-exec "$@"
-"""
+_LAUNCHER_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # the sandbox's own tools, never the workload's PATH
 
 
 def say(line: str) -> None:
-    """One line of the harness's log (its stderr, the work directory's .pal/harness-N.log)."""
+    """One line of the harness's log (its stderr: the VM's state folder's harness.log)."""
     print(f"{time.strftime('%H:%M:%S')} harness: {line}", file=sys.stderr, flush=True)
 
 
@@ -89,114 +89,91 @@ class ControlPlane:
 
 
 def _die_with_parent() -> None:
-    """In the sandbox's `unshare`, before it execs: it gets SIGKILL when the harness dies."""
+    """In the sandbox's first process, before it execs: it gets SIGKILL when the harness dies."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def sandboxed(command: list[str], workdir: Path) -> list[str]:
-    """The namespace sandbox around `command` (PAL_VM_SANDBOX=namespace), else `command` itself."""
-    if os.environ.get("PAL_VM_SANDBOX") != "namespace":
-        return command
-    return ["unshare", "--pid", "--fork", "--net", "--mount", "--ipc", "--uts", "--mount-proc",
-            "--kill-child=SIGKILL", "sh", "-c", _SANDBOX, "pal-sandbox", str(workdir), *command]
-
-
-def microvm(workdir: Path, socket_path: Path, attempt: str) -> list[str]:
-    """A KVM microVM booted from the guest of pal.vms.guest_image: the host's root read-only and the
-    work directory writable over 9p, the SDK's channel a virtio-serial port (`pal`) connected to
-    the harness's socket, no network device at all, 512 MiB, one vCPU, gone when it powers off; on KVM
-    unless PAL_VM_ACCEL says tcg."""
-    guest = Path(os.environ["PAL_VM_GUEST"])
-    console = workdir / ".pal" / f"console-{attempt}.log"
-    accel = os.environ.get("PAL_VM_ACCEL", "kvm")  # tcg: emulated, where KVM cannot run a guest
-    cpu = "host" if accel == "kvm" else "max"
-    return ["qemu-system-x86_64", "-M", f"microvm,accel={accel}", "-cpu", cpu, "-m", "512", "-smp", "1",
-            "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-            "-kernel", str(guest / "vmlinuz"), "-initrd", str(guest / "initrd.img"),
-            "-append", f"console=ttyS0 panic=-1 quiet pal.workdir={workdir} pal.python={sys.executable}"
-                       + (f" pal.keep={kept}" if (kept := kept_under_tmp()) else "")
-                       + (f" tsc_early_khz={khz}" if accel == "tcg" and (khz := host_tsc_khz()) else ""),
-            "-serial", f"file:{console}",
-            "-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap",
-            "-device", "virtio-9p-device,fsdev=hostroot,mount_tag=hostroot",
-            "-fsdev", f"local,id=work,path={workdir},security_model=none",
-            "-device", "virtio-9p-device,fsdev=work,mount_tag=work",
-            "-device", "virtio-serial-device",
-            "-chardev", f"socket,id=pal,path={socket_path}",
-            "-device", "virtserialport,chardev=pal,name=pal"]
-
-
-def host_tsc_khz(cpuinfo: str = "/proc/cpuinfo") -> int | None:
-    """The host's TSC rate in kHz, which an emulated guest's TSC runs at (qemu's TCG reads the host's
-    counter), where the host says it (`constant_tsc`, then its first `cpu MHz`); else None.
-
-    Why: a microVM has no PIT, HPET or ACPI PM timer, so an emulated guest kernel cannot measure its
-    TSC. On some hosts (AMD EPYC under a hypervisor, docs/isolated-tier.md) its CPUID does not say
-    the rate either, the boot marks the TSC unstable and waits for a timer tick that never comes, and
-    the microVM prints nothing. Told the rate (`tsc_early_khz`), it boots in seconds."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return None
-    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    mhz = next((line.split(":", 1)[1] for line in text.splitlines() if line.startswith("cpu MHz")), "")
-    try:
-        khz = round(float(mhz) * 1000)
-    except ValueError:
-        return None
-    return khz if "constant_tsc" in flags.split() and khz > 0 else None
-
-
-def kept_under_tmp() -> str:
-    """The host folders a guest must still see under its private /tmp (its /init mounts a fresh
-    tmpfs there): the Python environment and the folder `pal` is imported from, when they live
-    under the host's /tmp (a checkout or a virtualenv there), colon-separated; "" for none."""
-    spec = importlib.util.find_spec("pal")
-    found = {sys.prefix, os.path.realpath(sys.prefix)}
-    for package in (spec.submodule_search_locations or []) if spec else []:
-        found.add(os.path.dirname(os.path.realpath(package)))
-    return ":".join(sorted(p for p in found if p.startswith("/tmp/")))
+def _listen(path: Path, owner: int) -> socket.socket:
+    path.unlink(missing_ok=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    os.chown(path, owner, owner)
+    os.chmod(path, 0o600)
+    server.listen(8)
+    return server
 
 
 class Harness:
     def __init__(self) -> None:
         env = os.environ
         self.vm_id = env["PAL_VM_ID"]
-        self.workdir = Path(env["PAL_VM_WORKDIR"])
+        self.root = Path(env["PAL_VM_ROOT"])
+        self.work = env["PAL_VM_WORK"].split("/")
+        self.state = Path(env["PAL_VM_STATE"])
         self.command: list[str] = json.loads(env["PAL_VM_COMMAND"])
         self.user_env: dict[str, str] = json.loads(env.get("PAL_VM_ENV", "{}"))
         self.resume = env.get("PAL_RESUME") == "1"
+        self.uid = int(env["PAL_VM_UID"])
+        self.limits = Limits(int(env["PAL_VM_MEMORY_MB"]) << 20, float(env["PAL_VM_CPUS"]),
+                             int(env["PAL_VM_PIDS"]))
+        self.expose = tuple(p for p in env.get("PAL_VM_EXPOSE", "").split(":") if p)
         self.interval = max(float(env.get("PAL_LEASE_TTL", "30")) / 3, 0.2)
         self.control = ControlPlane(env["PAL_CONTROL_URL"], env["PAL_VM_TOKEN"])
-        self.socket_path = self.workdir / ".pal" / "harness.sock"
+        self.key = secrets.token_urlsafe(32)  # the workload's, to talk to this harness alone
         self.output: Any = None
+        self.exit_code: int | None = None  # a microVM's, told by its guest's launcher
         self.workload: subprocess.Popen[bytes] | None = None
         self.stopped = threading.Event()
 
+    @property
+    def in_microvm(self) -> bool:
+        return os.environ.get("PAL_VM_SANDBOX") == "qemu-microvm"
+
     def run(self) -> int:
         self.control.report({"type": "heartbeat"})
-        server = self._serve()
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self.user_env,
-               "PAL_RESUME": "1" if self.resume else "0", "PAL_HARNESS_SOCKET": str(self.socket_path),
-               "HOME": str(self.workdir)}
-        # Started before any thread of the harness: preexec_fn is safe only in a single-threaded parent.
-        self.workload = subprocess.Popen(self._launch(), env=env, cwd=self.workdir,
-                                         preexec_fn=_die_with_parent)
-        say(f"VM {self.vm_id}: workload started (pid {self.workload.pid}, resume {int(self.resume)})")
-        threading.Thread(target=self._accept, args=(server,), name="sdk", daemon=True).start()
-        threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+        work_fd = open_work_dir(self.root, self.work, self.uid, self.uid)
+        # Sockets by name in the state folder, the harness's and qemu's working folder: a Unix socket's
+        # path may not pass 107 bytes, and PAL_VM_ROOT may be deep.
+        os.chdir(self.state)
+        servers = [_listen(Path("sdk.sock"), self.uid)]
         if self.in_microvm:
+            servers.append(_listen(Path("ctl.sock"), 0))
+        limits = self.limits
+        if self.in_microvm:  # qemu's own threads and memory beside its guest's
+            limits = Limits(limits.memory_bytes + (QEMU_OVERHEAD_MB << 20), limits.cpus, max(limits.pids, 64))
+        group = Group(self.vm_id, limits)
+        launch, env = self._launch(work_fd)
+
+        def prepare() -> None:
+            _die_with_parent()
+            group.join()
+
+        # Started before any thread of the harness: preexec_fn is safe only in a single-threaded parent.
+        self.workload = subprocess.Popen(launch, env=env, cwd=self.state, pass_fds=(work_fd,),
+                                         preexec_fn=prepare, stdin=subprocess.DEVNULL)
+        os.close(work_fd)
+        say(f"VM {self.vm_id}: workload started (pid {self.workload.pid}, resume {int(self.resume)})")
+        threading.Thread(target=self._accept, args=(servers[0], self._sdk_session), name="sdk",
+                         daemon=True).start()
+        if self.in_microvm:
+            threading.Thread(target=self._accept, args=(servers[1], self._ctl_session), name="ctl",
+                             daemon=True).start()
             threading.Thread(target=self._watch_microvm, name="watchdog", daemon=True).start()
+        threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
         code = self.workload.wait()
         say(f"VM {self.vm_id}: workload ended ({code})")
         self.stopped.set()
-        server.close()
-        if self.in_microvm:  # the guest's /init wrote the workload's own exit code
-            exit_file = self.workdir / ".pal" / "exit-code"
-            code = int(exit_file.read_text().strip() or 1) if exit_file.exists() else 137
+        for server in servers:
+            server.close()
+        if group.oom_killed():
+            say(f"VM {self.vm_id}: killed for its memory limit ({limits.memory_bytes >> 20} MiB)")
+            code = OOM_EXIT
+        elif self.in_microvm:
+            code = self.exit_code if self.exit_code is not None else OOM_EXIT
         elif code < 0:
             code = 128 - code  # killed by a signal: the shell's convention
+        group.remove()
         try:
             self.control.report({"type": "exit", "code": code, "output": self.output})
             say(f"VM {self.vm_id}: exit {code} reported")
@@ -204,31 +181,42 @@ class Harness:
             say(f"the exit was not reported: {exc}")
         return code
 
-    @property
-    def in_microvm(self) -> bool:
-        return os.environ.get("PAL_VM_SANDBOX") == "qemu-microvm"
-
-    def _launch(self) -> list[str]:
+    def _launch(self, work_fd: int) -> tuple[list[str], dict[str, str]]:
+        """The sandbox's command and its environment: the launcher's own, never the workload's (which
+        reaches the workload alone, past the point where it could steer a root shell)."""
+        env = {"PATH": _LAUNCHER_PATH}
         if not self.in_microvm:
-            return sandboxed(self.command, self.workdir)
-        # What the guest's launcher runs, handed over through the work directory.
-        (self.workdir / ".pal" / "exit-code").unlink(missing_ok=True)
-        (self.workdir / ".pal" / "launch.json").write_text(json.dumps(
-            {"command": self.command, "env": self.user_env, "resume": self.resume}))
-        return microvm(self.workdir, self.socket_path, os.environ.get("PAL_VM_ATTEMPT", "1"))
+            env["PAL_SANDBOX_ENV"] = json.dumps(self._workload_env(SANDBOX_SOCKET))
+            return namespace_command(self.command, root=self._view(), work_fd=work_fd,
+                                     sdk_socket=self.state / "sdk.sock", uid=self.uid, extra=self.expose), env
+        return microvm(guest=Path(os.environ["PAL_VM_GUEST"]), view=self._view(), work_fd=work_fd,
+                       state=self.state, sdk_socket=Path("sdk.sock"), ctl_socket=Path("ctl.sock"),
+                       accel=os.environ.get("PAL_VM_ACCEL", "kvm"),
+                       memory_mb=self.limits.memory_bytes >> 20, cpus=max(1, math.ceil(self.limits.cpus)),
+                       uid=self.uid, extra=self.expose), env
+
+    def _view(self) -> Path:
+        view = self.state / "root"
+        view.mkdir(mode=0o700, exist_ok=True)
+        return view
+
+    def _workload_env(self, sdk_path: str) -> dict[str, str]:
+        return {"PATH": "/usr/local/bin:/usr/bin:/bin", **self.user_env, "HOME": WORK,
+                "PAL_RESUME": "1" if self.resume else "0", "PAL_HARNESS_SOCKET": sdk_path,
+                "PAL_HARNESS_KEY": self.key}
 
     def _watch_microvm(self) -> None:
         """qemu (7.2, emulated) now and then neither boots nor exits: a VM whose console stays empty
         for BOOT_WAIT_S is stopped (it ends as a failed VM, and the sweep starts the next one); one
-        whose guest recorded its exit code is given EXIT_WAIT_S to leave, then stopped."""
-        state = self.workdir / ".pal"
-        console = state / f"console-{os.environ.get('PAL_VM_ATTEMPT', '1')}.log"
+        whose guest told its exit code is given EXIT_WAIT_S to leave, then stopped."""
+        console = self.state / "console.log"
         started = time.monotonic()
         while not self.stopped.wait(0.5):
-            if not (console.exists() and console.stat().st_size) and time.monotonic() - started > BOOT_WAIT_S:
+            printed = console.exists() and console.stat().st_size > 0
+            if not printed and time.monotonic() - started > BOOT_WAIT_S:
                 self._stop_workload(f"the microVM printed nothing in {BOOT_WAIT_S:g}s")
                 return
-            if (state / "exit-code").exists():
+            if self.exit_code is not None:
                 if not self.stopped.wait(EXIT_WAIT_S):
                     self._stop_workload(f"the microVM did not power off {EXIT_WAIT_S:g}s after its workload")
                 return
@@ -248,37 +236,61 @@ class Harness:
             except (ConnectionError, ValueError) as exc:
                 say(f"heartbeat: {exc}")
 
-    def _serve(self) -> socket.socket:
-        self.socket_path.parent.mkdir(mode=0o700, exist_ok=True)
-        self.socket_path.unlink(missing_ok=True)
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind(str(self.socket_path))
-        server.listen(8)
-        return server
-
-    def _accept(self, server: socket.socket) -> None:
+    def _accept(self, server: socket.socket, session: Any) -> None:
         while not self.stopped.is_set():
             try:
                 conn, _ = server.accept()
             except OSError:
                 return
-            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+            threading.Thread(target=session, args=(conn,), daemon=True).start()
 
-    def _session(self, conn: socket.socket) -> None:
+    @staticmethod
+    def _serve_lines(conn: socket.socket, handle: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        """Answer each request line of a connection; a line over MAX_LINE bytes ends it."""
         with conn, conn.makefile("rwb") as stream:
-            for line in stream:
+            while line := stream.readline(MAX_LINE + 1):
+                if len(line) > MAX_LINE:
+                    say(f"a request of more than {MAX_LINE} bytes: connection closed")
+                    return
                 try:
-                    answer = self._answer(json.loads(line))
-                except Refused as exc:
-                    answer = {"ok": False, "error": f"refused: {exc}"}
-                    self._stop_workload("the control plane refused a step report")
-                except (ValueError, ConnectionError, KeyError, TypeError) as exc:
-                    answer = {"ok": False, "error": str(exc)}
+                    request = json.loads(line)
+                except ValueError:
+                    request = None
+                answer = handle(request) if isinstance(request, dict) else {"ok": False, "error": "not JSON"}
                 stream.write(json.dumps(answer).encode() + b"\n")
                 stream.flush()
 
+    def _sdk_session(self, conn: socket.socket) -> None:
+        self._serve_lines(conn, self._sdk_answer)
+
+    def _sdk_answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        if not hmac.compare_digest(str(request.get("key", "")).encode(), self.key.encode()):
+            return {"ok": False, "error": "refused: this harness answers its own VM's workload only"}
+        try:
+            return self._answer(request)
+        except Refused as exc:
+            self._stop_workload("the control plane refused a step report")
+            return {"ok": False, "error": f"refused: {exc}"}
+        except (ValueError, ConnectionError, KeyError, TypeError) as exc:
+            return {"ok": False, "error": str(exc)}
+
+    def _ctl_session(self, conn: socket.socket) -> None:
+        """The guest launcher's channel (qemu's `pal-ctl` port): the launch order, then the exit code."""
+        self._serve_lines(conn, self._ctl_answer)
+
+    def _ctl_answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        if request.get("op") == "launch":
+            env = self._workload_env("")
+            env.pop("PAL_HARNESS_SOCKET")  # the guest names its own port
+            return {"command": self.command, "env": env, "resume": self.resume}
+        code = request.get("code")
+        if request.get("op") == "exit" and isinstance(code, int) and not isinstance(code, bool):
+            self.exit_code = max(0, min(code, 255))
+            return {"ok": True}
+        return {"ok": False, "error": "unknown request"}
+
     def _answer(self, request: dict[str, Any]) -> dict[str, Any]:
-        op = request["op"]
+        op = request.get("op")
         if op == "completed":
             return self.control.report({"type": "resume"})
         if op == "step":
@@ -292,7 +304,13 @@ class Harness:
 
 
 def main() -> int:
-    return Harness().run()
+    try:
+        return Harness().run()
+    except (DriverError, OSError) as exc:
+        say(f"the VM did not start: {exc}")
+        with contextlib.suppress(Exception):
+            Harness().control.report({"type": "exit", "code": 125, "output": None})
+        return 125
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ class _Harness:
         self.completed: dict[str, Any] | None = None
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        # The VM's own key: its harness answers no one else (another sandbox, a stray process).
+        request = {**request, "key": os.environ.get("PAL_HARNESS_KEY", "")}
         with self._lock:
             self._stream.write(json.dumps(request).encode() + b"\n")
             self._stream.flush()

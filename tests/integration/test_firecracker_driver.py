@@ -17,6 +17,7 @@ from pal.config import load_settings
 from pal.storage.vms import VmOrder
 from pal.vms import DriverError
 from pal.vms.firecracker import FirecrackerDriver
+from pal.vms.paths import place
 
 STANDIN = Path(__file__).parents[1] / "support" / "firecracker_standin.py"
 TOKEN = "secret-report-token-of-this-vm"
@@ -32,8 +33,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     record = tmp_path / "calls.jsonl"
     monkeypatch.setenv("FC_RECORD", str(record))
     monkeypatch.setenv("FC_PIDFILE", str(tmp_path / "firecracker.pid"))
-    work = tmp_path / "work"
-    work.mkdir()
+    work = tmp_path / "vm-root"
     return {"bin": firecracker, "kernel": tmp_path / "vmlinux", "rootfs": tmp_path / "rootfs.ext4",
             "record": record, "work": work}
 
@@ -62,7 +62,7 @@ def alive(pid: int) -> bool:
 
 def test_the_microvm_is_configured_then_started(host: dict[str, Path]) -> None:
     fc = driver(host)
-    pid = fc.spawn(order(), TOKEN, workdir=host["work"])
+    pid = fc.spawn(order(), TOKEN, place=place(host["work"], "vm_abc", "acme", "run-1", "w", "tenant"))
     try:
         made = calls(host)
         assert [c["path"] for c in made] == ["/machine-config", "/boot-source", "/drives/rootfs", "/drives/work",
@@ -74,6 +74,10 @@ def test_the_microvm_is_configured_then_started(host: dict[str, Path]) -> None:
         assert "pal.vm=vm_abc" in boot["boot_args"] and "pal.resume=1" in boot["boot_args"]
         assert made[2]["body"]["is_read_only"] is True and made[2]["body"]["is_root_device"] is True
         assert TOKEN not in host["record"].read_text()  # the guest never sees the report token
+        # The host's own files (the work image, the vsock's socket) live where no guest can write.
+        state = host["work"] / ".state"
+        assert Path(made[3]["body"]["path_on_host"]).parent == state / "images"
+        assert Path(made[4]["body"]["uds_path"]).parent == state / "vm_abc"
     finally:
         fc.terminate(pid)
 
@@ -81,7 +85,7 @@ def test_the_microvm_is_configured_then_started(host: dict[str, Path]) -> None:
 def test_a_missing_kernel_is_refused_before_anything_starts(host: dict[str, Path]) -> None:
     fc = driver(host, PAL_FIRECRACKER_KERNEL=str(host["work"] / "nope"))
     with pytest.raises(DriverError, match="PAL_FIRECRACKER_KERNEL"):
-        fc.spawn(order(), TOKEN, workdir=host["work"])
+        fc.spawn(order(), TOKEN, place=place(host["work"], "vm_abc", "acme", "run-1", "w", "tenant"))
     assert not host["record"].exists()
 
 
@@ -89,7 +93,7 @@ def test_a_refused_call_stops_the_vm(host: dict[str, Path], monkeypatch: pytest.
     monkeypatch.setenv("FC_FAIL_PATH", "/vsock")
     fc = driver(host)
     with pytest.raises(DriverError, match="PUT /vsock: HTTP 400"):
-        fc.spawn(order(), TOKEN, workdir=host["work"])
+        fc.spawn(order(), TOKEN, place=place(host["work"], "vm_abc", "acme", "run-1", "w", "tenant"))
     assert [c["path"] for c in calls(host)][-1] == "/vsock"  # InstanceStart was never sent
     pid = int((host["record"].parent / "firecracker.pid").read_text())
     assert wait_until(lambda: not alive(pid), timeout=10)  # the half-made VM was stopped

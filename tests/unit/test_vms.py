@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pal.core.vms import MAX_MICROVM_RESUME_ATTEMPTS, ResumeAction, microvm_problems, resume_action
-from pal.harness import host_tsc_khz, kept_under_tmp, microvm
+from pal.vms.qemu import host_tsc_khz, kept_under_tmp, microvm
 
 
 @pytest.mark.parametrize(("live", "attempts", "action"), [
@@ -29,12 +29,32 @@ GOOD: dict[str, Any] = {"kind": "microvm", "command": ["python3", "agent.py"], "
 
 def test_a_good_document_has_no_problems() -> None:
     assert microvm_problems(GOOD) == []
+    assert microvm_problems(GOOD | {"workdirScope": "run", "memoryMb": 256, "cpus": 0.5, "pids": 64,
+                                    "workdir": "a-1/b_2/c.3"}) == []
 
 
 @pytest.mark.parametrize(("change", "fragment"), [
-    ({"workdir": "/etc"}, "must be relative to PAL_VM_ROOT"),
-    ({"workdir": "a/../../etc"}, "must be relative to PAL_VM_ROOT"),
-    ({"workdir": "~root"}, "must be relative to PAL_VM_ROOT"),
+    ({"workdir": "/etc"}, "'/'-separated names"),
+    ({"workdir": "a/../../etc"}, "'/'-separated names"),
+    ({"workdir": "~root"}, "'/'-separated names"),
+    ({"workdir": "."}, "'/'-separated names"),
+    ({"workdir": "a/./b"}, "'/'-separated names"),
+    ({"workdir": "a//b"}, "'/'-separated names"),
+    ({"workdir": "a/"}, "'/'-separated names"),
+    ({"workdir": ".pal"}, "'/'-separated names"),
+    ({"workdir": "x,path=.."}, "'/'-separated names"),
+    ({"workdir": "a b"}, "'/'-separated names"),
+    ({"workdir": "a\nb"}, "'/'-separated names"),
+    ({"workdir": "a\x7fb"}, "'/'-separated names"),
+    ({"workdir": "a:b"}, "'/'-separated names"),
+    ({"workdir": "/".join("a" * 9)}, "'/'-separated names"),
+    ({"workdirScope": "host"}, "'workdirScope' must be one of tenant, run"),
+    ({"memoryMb": 10**9}, "'memoryMb' must be an integer from 64 to 65536"),
+    ({"memoryMb": 512.5}, "'memoryMb' must be an integer"),
+    ({"memoryMb": True}, "'memoryMb' must be an integer"),
+    ({"cpus": 0}, "'cpus' must be a number from 0.1 to 64"),
+    ({"cpus": "2"}, "'cpus' must be a number"),
+    ({"pids": 1}, "'pids' must be an integer from 16 to 65536"),
     ({"workdir": ""}, "'workdir' must be a relative path"),
     ({"command": []}, "'command' must be a list"),
     ({"command": "python3 agent.py"}, "'command' must be a list"),
@@ -96,10 +116,52 @@ def test_an_emulated_microvm_is_told_the_tsc_rate_and_a_kvm_one_is_not(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accel: str) -> None:
     # An emulated guest cannot measure its TSC on a microVM (no PIT, HPET or PM timer); some hosts'
     # emulated CPUID does not say it, and the guest then never boots (docs/isolated-tier.md).
-    monkeypatch.setenv("PAL_VM_GUEST", str(tmp_path))
-    monkeypatch.setenv("PAL_VM_ACCEL", accel)
-    monkeypatch.setattr("pal.harness.host_tsc_khz", lambda: 2100000)
-    command = microvm(tmp_path, tmp_path / "harness.sock", "1")
+    monkeypatch.setattr("pal.vms.qemu.host_tsc_khz", lambda: 2100000)
+    command = _microvm(tmp_path, accel)
     kernel_line = command[command.index("-append") + 1].split()
     assert ("tsc_early_khz=2100000" in kernel_line) == (accel == "tcg")
     assert command[command.index("-M") + 1] == f"microvm,accel={accel}"
+
+
+def _microvm(tmp_path: Path, accel: str = "tcg", state: Path | None = None) -> list[str]:
+    state = state or tmp_path
+    return microvm(guest=tmp_path, view=state / "root", work_fd=5, state=state, sdk_socket=state / "sdk.sock",
+                   ctl_socket=state / "ctl.sock", accel=accel, memory_mb=512, cpus=1, uid=100000, extra=())
+
+
+def test_a_comma_in_a_host_path_stays_inside_its_qemu_option(tmp_path: Path) -> None:
+    # qemu reads `,` as the start of the next option: `x,path=..` would add a second path (qemu keeps
+    # the last). A doubled comma is a literal one.
+    state = tmp_path / "a,path=..,b"
+    command = _microvm(tmp_path, state=state)
+    fsdev = command[command.index("-fsdev") + 1]
+    assert [v for k, v in _qemu_options(fsdev) if k == "path"] == [f"{state}/root"]
+    sockets = [command[i + 1] for i, a in enumerate(command) if a == "-chardev"]
+    assert [[v for k, v in _qemu_options(s) if k == "path"] for s in sockets] == [
+        [f"{state}/sdk.sock"], [f"{state}/ctl.sock"]]
+
+
+def _qemu_options(text: str) -> list[tuple[str, str]]:
+    """qemu's reading of an option string: `,` separates, `,,` is a literal comma."""
+    parts, current, i = [], "", 0
+    while i < len(text):
+        if text[i] == ",":
+            if text[i + 1:i + 2] == ",":
+                current, i = current + ",", i + 2
+                continue
+            parts.append(current)
+            current = ""
+        else:
+            current += text[i]
+        i += 1
+    parts.append(current)
+    return [(k, v) for k, _, v in (p.partition("=") for p in parts)]
+
+
+def test_no_host_path_with_a_space_reaches_the_kernel_command_line(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    from pal.vms import DriverError
+
+    monkeypatch.setattr(sys, "executable", "/opt/py 3/bin/python rdinit=/bin/sh")
+    with pytest.raises(DriverError, match="cannot go on a kernel command line"):
+        _microvm(tmp_path)

@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from pal.core.clock import utcnow
+from pal.core.failures import MAX_MESSAGE_CHARS
 from pal.core.limits import output_problem
 from pal.core.records import Fence
+from pal.core.redact import redact_text
+from pal.core.secrets import scrub_known
 from pal.core.vms import ResumeAction, VmState
 from pal.core.vocabulary import EventKind
 from pal.engine.runtime import Runtime
@@ -30,6 +33,7 @@ from pal.errors import InputError, PalError, Refused
 from pal.storage.vms import VmOrder, VmRecord
 from pal.vms import DriverError
 from pal.vms.drivers import driver_of
+from pal.vms.paths import Placement, place
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +103,7 @@ def spawn_vm(rt: Runtime, vm_id: str) -> str:
         return "not pending"  # a duplicate message, or reconciled meanwhile
     try:
         pid = driver_of(str(order.spec.get("driver", "namespace")), rt.settings).spawn(
-            order, token, workdir=work_directory(rt, order))
+            order, token, place=placement(rt, order))
     except (DriverError, OSError) as exc:
         log.exception("VM %s of run %s did not start", vm_id, order.run_id)
         rt.journal.vm_failed_to_start(vm_id=vm_id, error=str(exc), now=utcnow())
@@ -109,14 +113,12 @@ def spawn_vm(rt: Runtime, vm_id: str) -> str:
     return "started"
 
 
-def work_directory(rt: Runtime, order: VmOrder) -> Path:
-    """The run's work directory on this host: its `workdir`, under PAL_VM_ROOT (validated relative)."""
-    root = Path(rt.settings.vm_root).resolve()
-    path = (root / str(order.spec["workdir"])).resolve()
-    if root not in path.parents and path != root:
-        raise DriverError(f"workdir {order.spec['workdir']!r} leaves PAL_VM_ROOT")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def placement(rt: Runtime, order: VmOrder) -> Placement:
+    """Where the VM lives on this host: its work directory under PAL_VM_ROOT/<tenant> (or the run's
+    own, `"workdirScope": "run"`), its state folder under PAL_VM_ROOT/.state."""
+    spec = order.spec
+    return place(Path(rt.settings.vm_root), order.vm_id, order.tenant_id, order.run_id, str(spec["workdir"]),
+                 str(spec.get("workdirScope", "tenant")))
 
 
 def report(rt: Runtime, token: str | None, body: Any) -> dict[str, Any]:
@@ -192,8 +194,10 @@ def _step_of(rt: Runtime, body: Mapping[str, Any]) -> tuple[str, str, Any]:
                          "digit or _")
     if event not in _EVENTS:
         raise InputError(f"'event' must be one of {', '.join(_EVENTS)}")
-    detail = _checked_output(rt, body.get("output")) if event == "completed" else body.get("error", "")
-    return step_id, str(event), detail
+    if event == "completed":
+        return step_id, str(event), _checked_output(rt, body.get("output"))
+    # A VM's error text is the workload's own words: its credentials are cut out first, then it is bounded.
+    return step_id, str(event), redact_text(scrub_known(str(body.get("error") or "")))[:MAX_MESSAGE_CHARS]
 
 
 def _checked_output(rt: Runtime, output: Any) -> Any:

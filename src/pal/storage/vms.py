@@ -36,6 +36,7 @@ class VmOrder:
     attempt: int
     generation: int
     spec: Mapping[str, Any]
+    tenant_id: str = ""  # the run's: its work directory lives under PAL_VM_ROOT/<tenant>
 
     @property
     def resume(self) -> bool:
@@ -125,7 +126,8 @@ class VmStore(Primitives):
                 .returning(runtime_vms)).mappings().first()
             if row is None:
                 return None
-            return VmOrder(row["id"], row["run_id"], row["attempt"], row["generation"], row["spec"])
+            tenant = conn.execute(sa.select(runs.c.tenant_id).where(runs.c.id == row["run_id"])).scalar_one()
+            return VmOrder(row["id"], row["run_id"], row["attempt"], row["generation"], row["spec"], tenant)
 
     def vm_started(self, *, vm_id: str, pid: int, now: datetime) -> None:
         with self._tx() as conn:

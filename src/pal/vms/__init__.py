@@ -5,19 +5,20 @@ workload in the driver's sandbox and reports to the control plane. Liveness need
 the driver: the harness's heartbeats renew the run's lease, and the sweep reconciles a VM whose
 heartbeats stopped (a killed VM, a lost host) to `terminated`.
 
-- `namespace` (the default here): Linux namespaces via `unshare` (pid, mount, network, ipc, uts):
-  the workload is PID 1 of its own tree, sees only a loopback interface, cannot reach the host's
-  services, cannot write outside its work directory, and dies with its harness.
+- `namespace` (the default): Linux namespaces, an unprivileged user, no capabilities, a seccomp
+  filter and cgroup limits (pal.vms.sandbox).
+- `qemu-microvm`: a microVM of its own kernel, booted by qemu (pal.vms.qemu).
 - `firecracker`: drives Firecracker's HTTP API over its Unix socket (pal.vms.firecracker).
-- `qemu-microvm`: not built yet; asking for it is refused.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pal.errors import PalError
+
+if TYPE_CHECKING:
+    from pal.vms.paths import Placement
 
 
 class DriverError(PalError):
@@ -40,11 +41,14 @@ class VmOrderLike(Protocol):
     @property
     def resume(self) -> bool: ...
 
+    @property
+    def tenant_id(self) -> str: ...
+
 
 class Driver(Protocol):
     name: str
 
-    def spawn(self, order: VmOrderLike, token: str, *, workdir: Path) -> int:
+    def spawn(self, order: VmOrderLike, token: str, *, place: Placement) -> int:
         """Start the VM's harness; returns its pid on this host."""
         ...
 

@@ -4,10 +4,10 @@
 From `linux-image-amd64` (the kernel and the modules it needs for virtio-mmio, 9p and virtio
 consoles) and `busybox-static`, both fetched with `apt-get download` and unpacked with `dpkg -x`
 (never installed), it writes OUT/vmlinuz and OUT/initrd.img: a gzip'd newc cpio whose /init loads
-the modules, mounts the host's root read-only and the run's work directory writable over 9p, runs
-the workload there (`pal.vms.guest_init` under the host's Python), records its exit code in the work
-directory and powers the VM off. Every file of the archive has a fixed mtime, owner and order, so
-the same packages give the same bytes.
+the modules, mounts the harness's view of the host read-only and the run's work directory writable
+over 9p, runs the workload there as an unprivileged user (`pal.vms.guest_init` under the host's
+Python, which reports the exit code over the root-only `pal-ctl` port) and powers the VM off. Every
+file of the archive has a fixed mtime, owner and order, so the same packages give the same bytes.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ for m in $(cat /modules.load); do
   if [ "$m" = virtio_mmio.ko ]; then insmod "/modules/$m" $MMIO; else insmod "/modules/$m"; fi
 done
 mkdir -p /host
+# The host's view for this VM (the harness made it: system files and Python, read-only), as root.
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose hostroot /host \
   || { echo "pal-init: no host root"; poweroff -f; }
-for arg in $(cat /proc/cmdline); do case "$arg" in pal.workdir=*) W="${arg#pal.workdir=}";; esac; done
 mount -t proc proc /host/proc
 mount -t sysfs sysfs /host/sys
 mount -t devtmpfs devtmpfs /host/dev
@@ -54,14 +54,17 @@ for k in $KEEP; do N=$((N+1)); mkdir -p "/keep/$N"; mount -o bind "/host$k" "/ke
 mount -t tmpfs tmpfs /host/tmp
 N=0
 for k in $KEEP; do N=$((N+1)); mkdir -p "/host$k"; mount -o bind "/keep/$N" "/host$k"; done
-mkdir -p "/host$W" 2>/dev/null
-mount -t 9p -o trans=virtio,version=9p2000.L work "/host$W" \
+mount -t 9p -o trans=virtio,version=9p2000.L work /host/run/pal/work \
   || { echo "pal-init: no work share"; poweroff -f; }
-PORT=""
-for p in /sys/class/virtio-ports/*; do [ "$(cat "$p/name")" = pal ] && PORT="/dev/$(basename "$p")"; done
+PORT=""; CTL=""
+for p in /sys/class/virtio-ports/*; do
+  case "$(cat "$p/name")" in pal) PORT="/dev/$(basename "$p")";; pal-ctl) CTL="/dev/$(basename "$p")";; esac
+done
 PY=$(for arg in $(cat /proc/cmdline); do case "$arg" in pal.python=*) echo "${arg#pal.python=}";; esac; done)
-chroot /host "$PY" -m pal.vms.guest_init "$W" "$PORT"
-echo $? > "/host$W/.pal/exit-code"
+U=$(for arg in $(cat /proc/cmdline); do case "$arg" in pal.uid=*) echo "${arg#pal.uid=}";; esac; done)
+# The workload's channel is its own; the launcher's stays root's.
+chown "$U:$U" "/host$PORT" && chmod 600 "/host$PORT" "/host$CTL"
+chroot /host "$PY" -m pal.vms.guest_init "$PORT" "$CTL" "$U"
 sync
 poweroff -f
 """

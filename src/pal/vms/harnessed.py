@@ -1,6 +1,7 @@
 """The drivers whose harness runs on this host (docs/isolated-tier.md): `namespace`, the workload in
-Linux namespaces made by `unshare`; `qemu-microvm`, the workload in a KVM microVM booted from the
-guest built by `pal.vms.guest_image`. Either way the sandbox itself is started by pal.harness."""
+Linux namespaces as an unprivileged user under a seccomp filter (pal.vms.sandbox); `qemu-microvm`,
+the workload in a KVM microVM booted from the guest built by `pal.vms.guest_image` (pal.vms.qemu).
+Either way the harness (`python -m pal.harness`) starts the sandbox and limits it with cgroups."""
 
 from __future__ import annotations
 
@@ -11,46 +12,74 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pal.config import Settings
-from pal.vms import DriverError, VmOrderLike
+from pal.core.vms import Resources
+from pal.vms import DriverError, VmOrderLike, cgroups
+from pal.vms.paths import Placement, create_private
 
 QEMU = "qemu-system-x86_64"
+_TOOLS = ("unshare", "setpriv", "pivot_root", "mount")
+
+
+def resources_of(spec: Mapping[str, Any], settings: Settings) -> Resources:
+    """The VM's limits: the document's, else the defaults; DriverError when over this host's caps."""
+    defaults = Resources()
+    asked = Resources(memory_mb=int(spec.get("memoryMb", defaults.memory_mb)),
+                      cpus=float(spec.get("cpus", defaults.cpus)), pids=int(spec.get("pids", defaults.pids)))
+    over = [f"{name} {value:g} (this host allows at most {cap:g}, {variable})"
+            for name, value, cap, variable in (
+                ("memoryMb", asked.memory_mb, settings.vm_max_memory_mb, "PAL_VM_MAX_MEMORY_MB"),
+                ("cpus", asked.cpus, settings.vm_max_cpus, "PAL_VM_MAX_CPUS"),
+                ("pids", asked.pids, settings.vm_max_pids, "PAL_VM_MAX_PIDS")) if value > cap]
+    if over:
+        raise DriverError("the VM asks for more than this host gives: " + "; ".join(over))
+    return asked
 
 
 class HarnessedDriver:
     def __init__(self, settings: Settings, name: str = "namespace") -> None:
         self.settings, self.name = settings, name
+        missing = [t for t in _TOOLS if shutil.which(t, path="/usr/sbin:/usr/bin:/sbin:/bin") is None]
+        if missing:
+            raise DriverError(f"the {name} driver needs {', '.join(missing)} (util-linux) on this host")
+        if problem := cgroups.available():
+            raise DriverError(problem)
         if name == "qemu-microvm":
             guest = Path(settings.vm_guest)
-            missing = [str(guest / f) for f in ("vmlinuz", "initrd.img") if not (guest / f).is_file()]
-            if missing:
-                raise DriverError(f"the qemu-microvm guest is not built ({', '.join(missing)}): "
+            absent = [str(guest / f) for f in ("vmlinuz", "initrd.img") if not (guest / f).is_file()]
+            if absent:
+                raise DriverError(f"the qemu-microvm guest is not built ({', '.join(absent)}): "
                                   "run `make vm-guest`, or set PAL_VM_GUEST")
             if shutil.which(QEMU) is None:
                 raise DriverError(f"qemu-microvm needs {QEMU} on this host")
             if settings.vm_accel == "kvm" and not os.path.exists("/dev/kvm"):
                 raise DriverError("qemu-microvm on KVM needs /dev/kvm on this host (or PAL_VM_ACCEL=tcg)")
 
-    def spawn(self, order: VmOrderLike, token: str, *, workdir: Path) -> int:
-        spec = order.spec if isinstance(order.spec, dict) else {}
-        state = workdir / ".pal"
-        state.mkdir(mode=0o700, exist_ok=True)
+    def spawn(self, order: VmOrderLike, token: str, *, place: Placement) -> int:
+        spec = order.spec if isinstance(order.spec, Mapping) else {}
+        limits = resources_of(spec, self.settings)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PAL_VM_ID": order.vm_id,
                "PAL_VM_TOKEN": token, "PAL_CONTROL_URL": self.settings.control_url,
-               "PAL_VM_WORKDIR": str(workdir), "PAL_VM_COMMAND": json.dumps(spec.get("command", [])),
+               "PAL_VM_ROOT": str(place.root), "PAL_VM_WORK": "/".join(place.work),
+               "PAL_VM_STATE": str(place.state),
+               "PAL_VM_COMMAND": json.dumps(spec.get("command", [])),
                "PAL_VM_ENV": json.dumps(spec.get("env", {})), "PAL_RESUME": "1" if order.resume else "0",
                "PAL_LEASE_TTL": str(self.settings.lease_ttl), "PAL_VM_SANDBOX": self.name,
-               "PAL_VM_GUEST": self.settings.vm_guest, "PAL_VM_ATTEMPT": str(order.attempt),
-               "PAL_VM_ACCEL": self.settings.vm_accel}
-        log = (state / f"harness-{order.attempt}.log").open("ab")
+               "PAL_VM_GUEST": self.settings.vm_guest, "PAL_VM_ACCEL": self.settings.vm_accel,
+               "PAL_VM_UID": str(self.settings.vm_uid), "PAL_VM_MEMORY_MB": str(limits.memory_mb),
+               "PAL_VM_CPUS": str(limits.cpus), "PAL_VM_PIDS": str(limits.pids),
+               "PAL_VM_EXPOSE": ":".join(self.settings.vm_expose)}
+        log = create_private(place.state / "harness.log")
         try:
-            process = subprocess.Popen([sys.executable, "-m", "pal.harness"], env=env, cwd=workdir,
+            process = subprocess.Popen([sys.executable, "-m", "pal.harness"], env=env, cwd=place.state,
                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                        start_new_session=True)
         finally:
-            log.close()
+            os.close(log)
         # Reaped here when it ends, so a finished VM leaves no zombie under the worker.
         threading.Thread(target=process.wait, name=f"reap-{order.vm_id}", daemon=True).start()
         return process.pid
