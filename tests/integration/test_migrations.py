@@ -63,6 +63,40 @@ def test_partial_unique_indexes_enforce_exactly_once(empty_url: str) -> None:
     engine.dispose()
 
 
+def test_0022_keys_the_baselines_by_tenant(empty_url: str) -> None:
+    """The shared rows of 0021 are dropped (the beat task rewrites them per tenant), two tenants may
+    then hold a baseline of the same graph, node and metric, and Postgres keeps the table's grants."""
+    from datetime import UTC, datetime
+
+    from pal.storage.schema import UtcDateTime, step_baselines
+
+    engine = create_engine(empty_url)
+    upgrade(engine, "0021")
+    before = sa.table("step_baselines", *(sa.column(c) for c in ("graph_hash", "node_id", "metric")),
+                      sa.column("samples", sa.JSON()), sa.column("updated_at", UtcDateTime()))  # 0021's
+    shared = {"graph_hash": "g", "node_id": "ask", "metric": "tokens", "samples": [1.0],
+              "updated_at": datetime.now(UTC)}
+    postgres = engine.dialect.name == "postgresql"
+    with engine.begin() as conn:
+        conn.execute(before.insert().values(**shared))
+        if postgres:
+            conn.execute(sa.text("GRANT SELECT, INSERT, DELETE ON step_baselines TO PUBLIC"))
+    upgrade(engine)
+    with engine.begin() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(step_baselines)).scalar_one() == 0
+        key = sa.inspect(conn).get_pk_constraint("step_baselines")["constrained_columns"]
+        assert key == ["tenant_id", "graph_hash", "node_id", "metric"]
+        conn.execute(step_baselines.insert(), [shared | {"tenant_id": "acme"}, shared | {"tenant_id": "globex"}])
+        if postgres:
+            granted = conn.execute(sa.text(
+                "SELECT privilege_type FROM information_schema.role_table_grants WHERE grantee = 'PUBLIC' "
+                "AND table_schema = current_schema() AND table_name = 'step_baselines'")).scalars().all()
+            assert sorted(granted) == ["DELETE", "INSERT", "SELECT"]
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        conn.execute(step_baselines.insert().values(**shared, tenant_id="acme"))
+    engine.dispose()
+
+
 def test_pal_db_upgrade_is_idempotent(postgres_backend: Backend, tmp_path: Path) -> None:
     for _ in range(2):
         result = subprocess.run([sys.executable, "-m", "pal.cli", "db", "upgrade"],

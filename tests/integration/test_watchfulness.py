@@ -197,7 +197,7 @@ def test_a_step_far_above_its_nodes_baseline_is_a_token_spike(client: Client, ou
     # tokens and cost of `ask`, the retries of `t` and `ask`, and the graph's steps per run
     assert client.runtime.journal.recompute_baselines(now=datetime.now(UTC)) == 5
     graph_hash = client.get_run(usual[0]).graph_hash or ""
-    assert set(client.runtime.journal.baselines(graph_hash)) == {
+    assert set(client.runtime.journal.baselines(client.settings.tenant, graph_hash)) == {
         ("ask", "tokens"), ("ask", "cost_usd"), ("t", "retries"), ("ask", "retries"), ("*", "steps")}
     assert all(anomalies_of(client, run_id) == [] for run_id in usual)
     worker = Client(client.settings)  # a worker process started after the beat task's pass
@@ -211,6 +211,46 @@ def test_a_step_far_above_its_nodes_baseline_is_a_token_spike(client: Client, ou
     assert event.payload["basis"] == "baseline" and event.payload["observed"] > event.payload["limit"]
     assert anomalies_of(client, calm) == []
     assert client.get_run(spiking).status == "succeeded"  # informational
+
+
+def test_each_tenant_is_judged_by_its_own_baselines(client: Client, outbox: Outbox) -> None:
+    """Two tenants run the same graph: acme with short prompts, then globex with long ones. Each
+    gets its own baselines; globex, before it has any, is not judged by acme's, and its long prompts
+    never move acme's: a long prompt is still acme's spike and still globex's usual."""
+    graph = {"nodes": [{"id": "t", "type": "trigger"},
+                       {"id": "ask", "type": "ai-step", "data": {"provider": "scripted", "model": "m",
+                                                                 "prompt": "{{ input.text }}"}}],
+             "edges": [edge("t", "ask")]}
+    long_text = " ".join(["word"] * 400)
+    journal = client.runtime.journal
+
+    def run_as(tenant: str, *texts: str) -> list[str]:
+        worker = Client(client.settings)  # a worker process started after the beat task's last pass
+        sent = capture_publishes(worker)
+        run_ids = [worker.start_run(graph, {"text": text}, tenant_id=tenant) for text in texts]
+        drain(worker, sent)
+        worker.close()
+        return run_ids
+
+    acme_usual = run_as("acme", *(f"short question {i}" for i in range(MIN_BASELINE_SAMPLES)))
+    assert journal.recompute_baselines(now=datetime.now(UTC)) == 5
+    graph_hash = client.get_run(acme_usual[0]).graph_hash or ""
+    acme_alone = journal.baselines("acme", graph_hash)
+    assert len(acme_alone[("ask", "tokens")]) == MIN_BASELINE_SAMPLES
+    assert journal.baselines("globex", graph_hash) == {}
+    [globex_first] = run_as("globex", long_text)
+    assert anomalies_of(client, globex_first) == []  # acme's usual is not globex's
+
+    run_as("globex", *[long_text] * MIN_BASELINE_SAMPLES)
+    assert journal.recompute_baselines(now=datetime.now(UTC)) == 10
+    assert journal.baselines("acme", graph_hash) == acme_alone  # globex's usage moved nothing of acme's
+    globex = journal.baselines("globex", graph_hash)
+    assert len(globex[("ask", "tokens")]) == MIN_BASELINE_SAMPLES + 1
+    assert min(globex[("ask", "tokens")]) > max(acme_alone[("ask", "tokens")])
+    [acme_spike] = run_as("acme", long_text)
+    [globex_usual] = run_as("globex", long_text)
+    assert anomalies_of(client, acme_spike) == [("token_spike", "ask")]
+    assert anomalies_of(client, globex_usual) == []
 
 
 def test_no_baseline_before_enough_samples(client: Client, outbox: Outbox) -> None:

@@ -87,7 +87,8 @@ class Runtime:
         self._plans: Lru[str, Program] = Lru(_PLAN_CACHE_SIZE)
         self._uses_secrets: Lru[str, bool] = Lru(_PLAN_CACHE_SIZE)
         self._watch_plans: Lru[str, WatchPlan] = Lru(_PLAN_CACHE_SIZE)
-        self._baselines: Lru[str, tuple[float, dict[tuple[str, str], list[float]]]] = Lru(_PLAN_CACHE_SIZE)
+        self._baselines: Lru[tuple[str, str], tuple[float, dict[tuple[str, str], list[float]]]] = Lru(
+            _PLAN_CACHE_SIZE)
         self.leases = LeaseKeeper(self._renew_lease, settings.lease_ttl)
         load_tool_modules(settings.tool_modules)
 
@@ -188,13 +189,14 @@ class Runtime:
         limits = with_overrides(self.settings.anomaly_limits, _block(run.graph, "anomalies"))
         return WatchPlan(None if budget.empty else budget, limits)
 
-    def baselines(self, graph_hash: str) -> dict[tuple[str, str], list[float]]:
-        """The graph's per-node baselines, read at most once a minute per process."""
-        cached = self._baselines.get(graph_hash)
+    def baselines(self, tenant_id: str, graph_hash: str) -> dict[tuple[str, str], list[float]]:
+        """The per-node baselines of one tenant's graph, read at most once a minute per process."""
+        key = (tenant_id, graph_hash)
+        cached = self._baselines.get(key)
         now = time.monotonic()
         if cached is None or now - cached[0] > _BASELINE_CACHE_SECONDS:
-            cached = (now, self.journal.baselines(graph_hash))
-            self._baselines.put(graph_hash, cached)
+            cached = (now, self.journal.baselines(tenant_id, graph_hash))
+            self._baselines.put(key, cached)
         return cached[1]
 
     @cached_property

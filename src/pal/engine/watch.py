@@ -70,7 +70,8 @@ def watch_claim(rt: Runtime, claim: Claim, step_id: str, generation: int, progra
         found = run_anomalies(activity, limits, None, usual)
     retried = len(steps.retries.get(step_id, ()))
     if retried >= limits.min_node_retries and run.graph_hash:
-        usual_retries = rt.baselines(run.graph_hash).get((baseline_node(step_id), "retries"), ())
+        baseline = rt.baselines(run.tenant_id, run.graph_hash)
+        usual_retries = baseline.get((baseline_node(step_id), "retries"), ())
         _append_if(found, node_retry_storm(step_id, retried, usual_retries, limits))
     if isinstance(program, GraphProgram):
         position = program.loop_position(step_id)
@@ -90,11 +91,12 @@ def watch_claim(rt: Runtime, claim: Claim, step_id: str, generation: int, progra
 
 
 def _usual_steps(rt: Runtime, run: RunRecord, done: int, limits: AnomalyLimits) -> Sequence[float]:
-    """How many steps recent runs of the run's graph finished in (docs/anomalies.md, "Baselines"),
-    read only once the run is past the fewest steps the rule could fire at (a multiple of one)."""
+    """How many steps the tenant's recent runs of its graph finished in (docs/anomalies.md,
+    "Baselines"), read only once the run is past the fewest steps the rule could fire at (a
+    multiple of one)."""
     if done <= limits.steps_over_median or not run.graph_hash:
         return ()
-    return rt.baselines(run.graph_hash).get((RUN_NODE, "steps"), ())
+    return rt.baselines(run.tenant_id, run.graph_hash).get((RUN_NODE, "steps"), ())
 
 
 def _append_if(found: list[Anomaly], anomaly: Anomaly | None) -> None:
@@ -118,7 +120,7 @@ def watch_usage(rt: Runtime, run: RunRecord, step_id: str, generation: int, usag
     if not (tokens or usage.cost_usd) or not run.graph_hash:
         return
     try:
-        baseline, node = rt.baselines(run.graph_hash), baseline_node(step_id)
+        baseline, node = rt.baselines(run.tenant_id, run.graph_hash), baseline_node(step_id)
         limits = rt.watch_plan(run).limits
         found = [step_spike(AnomalyKind.TOKEN_SPIKE, step_id, float(tokens),
                             baseline.get((node, "tokens"), ()), limits),

@@ -258,17 +258,19 @@ run_anomalies = sa.Table(
 )
 sa.Index("ix_run_anomalies_created_at", run_anomalies.c.created_at)
 
-# Recent per-step usage of each node of each graph (by hash), the baseline a step's tokens and
-# cost are compared with; recomputed by a beat task (docs/anomalies.md, "Baselines").
+# Recent per-step usage of each node of each tenant's graphs (by hash), the baseline a step's tokens
+# and cost are compared with; recomputed by a beat task (docs/anomalies.md, "Baselines"). Keyed by
+# tenant (migration 0022): one tenant's usage never moves another's anomaly decisions.
 step_baselines = sa.Table(
     "step_baselines",
     metadata,
+    sa.Column("tenant_id", sa.String(64), nullable=False),
     sa.Column("graph_hash", sa.String(64), nullable=False),
     sa.Column("node_id", sa.String(256), nullable=False),
     sa.Column("metric", sa.String(16), nullable=False),  # "tokens" | "cost_usd"
     sa.Column("samples", _json(), nullable=False),  # the most recent values, newest first
     sa.Column("updated_at", UtcDateTime(), nullable=False),
-    sa.PrimaryKeyConstraint("graph_hash", "node_id", "metric"),
+    sa.PrimaryKeyConstraint("tenant_id", "graph_hash", "node_id", "metric"),
 )
 
 api_tokens = sa.Table(
