@@ -185,13 +185,18 @@ def test_a_model_asking_for_the_same_tool_call_a_third_time_is_a_runaway_loop(
     assert anomalies_of(client, run_id) == [("runaway_loop", "turn-4.tool-0")]
 
 
+def ask_graph() -> dict[str, Any]:
+    """trigger -> ask: one model step whose tokens grow with the input's text."""
+    return {"nodes": [{"id": "t", "type": "trigger"},
+                      {"id": "ask", "type": "ai-step", "data": {"provider": "scripted", "model": "m",
+                                                                "prompt": "{{ input.text }}"}}],
+            "edges": [edge("t", "ask")]}
+
+
 def test_a_step_far_above_its_nodes_baseline_is_a_token_spike(client: Client, outbox: Outbox) -> None:
     """20 runs make the node's baseline (recomputed as the beat task does); a 21st whose model step
     spends far more tokens journals token_spike on that step, once."""
-    graph = {"nodes": [{"id": "t", "type": "trigger"},
-                       {"id": "ask", "type": "ai-step", "data": {"provider": "scripted", "model": "m",
-                                                                 "prompt": "{{ input.text }}"}}],
-             "edges": [edge("t", "ask")]}
+    graph = ask_graph()
     usual = [client.start_run(graph, {"text": f"short question {i}"}) for i in range(MIN_BASELINE_SAMPLES)]
     drain(client, outbox)
     # tokens and cost of `ask`, the retries of `t` and `ask`, and the graph's steps per run
@@ -217,10 +222,7 @@ def test_each_tenant_is_judged_by_its_own_baselines(client: Client, outbox: Outb
     """Two tenants run the same graph: acme with short prompts, then globex with long ones. Each
     gets its own baselines; globex, before it has any, is not judged by acme's, and its long prompts
     never move acme's: a long prompt is still acme's spike and still globex's usual."""
-    graph = {"nodes": [{"id": "t", "type": "trigger"},
-                       {"id": "ask", "type": "ai-step", "data": {"provider": "scripted", "model": "m",
-                                                                 "prompt": "{{ input.text }}"}}],
-             "edges": [edge("t", "ask")]}
+    graph = ask_graph()
     long_text = " ".join(["word"] * 400)
     journal = client.runtime.journal
 
@@ -254,10 +256,7 @@ def test_each_tenant_is_judged_by_its_own_baselines(client: Client, outbox: Outb
 
 
 def test_no_baseline_before_enough_samples(client: Client, outbox: Outbox) -> None:
-    graph = {"nodes": [{"id": "t", "type": "trigger"},
-                       {"id": "ask", "type": "ai-step", "data": {"provider": "scripted", "model": "m",
-                                                                 "prompt": "{{ input.text }}"}}],
-             "edges": [edge("t", "ask")]}
+    graph = ask_graph()
     for i in range(MIN_BASELINE_SAMPLES - 1):
         client.start_run(graph, {"text": f"short question {i}"})
     drain(client, outbox)
