@@ -9,9 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from pal.cli.demo import wait_until
 from pal.client import Client
 from pal.core.clock import utcnow
 from tests.conftest import Backend
@@ -20,6 +17,7 @@ from tests.support.api_server import free_port
 from tests.support.graphs import single
 from tests.support.processes import Processes
 from tests.support.servers import RecordedRequest, _HttpStandIn
+from tests.support.sinks import wait_for_api
 
 USER_INFO = "hunter2-userinfo-credential"
 QUERY = "query-string-credential-42"
@@ -56,7 +54,7 @@ def test_credentials_reach_no_sink(processes: Processes, postgres_backend: Backe
                 assert client.wait(run_id, timeout=60).status == "failed"
             assert len(echo.requests) >= 2  # both really sent their credentials to the stand-in
             api = f"http://127.0.0.1:{port}"
-            assert wait_until(lambda: _up(api), timeout=60)
+            wait_for_api(api)
             auth = {"Authorization": f"Bearer {token}"}
             sinks: dict[str, str] = {"worker log": (processes.folder / "w.log").read_text()}
             for run_id in runs:
@@ -75,13 +73,6 @@ def test_credentials_reach_no_sink(processes: Processes, postgres_backend: Backe
             assert "[redacted]" in stored and f"127.0.0.1:{echo.port}/hook" in stored  # still readable
         finally:
             client.close()
-
-
-def _up(api: str) -> bool:
-    try:
-        return web.get(api + "/openapi.json", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def test_a_secret_by_name_is_used_but_never_journaled(processes: Processes, postgres_backend: Backend,

@@ -273,3 +273,32 @@ def test_redaction_knows_the_graph_secrets(monkeypatch: pytest.MonkeyPatch) -> N
     """pal.core.secrets registers itself with pal.core.redact, which scrubs journal writes and log lines."""
     monkeypatch.setenv("PAL_SECRET_API_TOKEN", TOKEN)
     assert redact.redact_text(f"failed with {TOKEN}") == "failed with [secret:API_TOKEN]"
+
+
+# -- a subagent's child input --------------------------------------------------------------------
+
+
+def test_a_child_input_names_the_secrets_its_parent_handed_on_and_reveals_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAL_SECRET_HOOK_TOKEN", TOKEN)
+    handed = {"token": TOKEN, "header": f"Bearer {TOKEN}", TOKEN: [1, "plain"]}
+    stored = secrets.hand_on(handed)
+    assert stored == {"token": "[secret:HOOK_TOKEN]", "header": "Bearer [secret:HOOK_TOKEN]",
+                      "[secret:HOOK_TOKEN]": [1, "plain"]}
+    assert secrets.holds_placeholder(stored) and not secrets.holds_placeholder({"a": "[secret:x]"})
+    assert secrets.reveal(stored) == handed
+
+
+def test_placeholder_text_already_in_a_child_input_is_never_revealed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A run's input, or an earlier step's scrubbed output, may hold placeholder text: handed on as it
+    # is, it would make the child resolve a secret that no template of the graph handed on.
+    monkeypatch.setenv("PAL_SECRET_HOOK_TOKEN", TOKEN)
+    monkeypatch.setenv("PAL_SECRET_DB_PASSWORD", OTHER)
+    stored = secrets.hand_on({"note": "send [secret:DB_PASSWORD] please", "token": TOKEN})
+    assert stored == {"note": f"send {redact.REDACTED} please", "token": "[secret:HOOK_TOKEN]"}
+    assert OTHER not in json.dumps(secrets.reveal(stored))
+
+
+def test_revealing_a_secret_this_worker_lacks_fails_naming_it() -> None:
+    with pytest.raises(secrets.SecretError, match="unknown secret GONE"):
+        secrets.reveal({"token": "[secret:GONE]"})

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from pal.core.redact import redact_bounded
+
 GATED_KINDS = frozenset({"tool", "connector", "email"})  # and an ai-step that asks for it
 LOW_CONFIDENCE = "low_confidence"  # the sourceHandle a rejected diversion follows when wired
 DEFAULT_THRESHOLD = 0.75
@@ -151,7 +153,7 @@ def verbalized_score(text: str) -> float:
     """verbalized: the first number the model states, read as a probability (85% is 0.85)."""
     match = _NUMBER.search(text)
     if match is None:
-        raise EstimatorFailed(f"the model stated no number: {text[:80]!r}")
+        raise EstimatorFailed(f"the model stated no number: {redact_bounded(text, 80)!r}")
     value = float(match.group(1)) / (100 if match.group(2) else 1)
     if not 0 <= value <= 1:
         raise EstimatorFailed(f"the model stated {match.group(0)!r}, not a probability")

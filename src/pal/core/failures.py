@@ -1,6 +1,6 @@
 """How a failure is journaled, in one shape for every step and run that fails:
-`{type, message, code, class, traceback, ...}` (the message and traceback redacted: pal.core.redact;
-the class is the retry class, pal.core.retry).
+`{type, message, code, class, traceback, ...}` (the message and traceback redacted, then bounded:
+pal.core.redact; the class is the retry class, pal.core.retry).
 
 The traceback is what an operator needs to act on a failed step without reproducing it; it is
 bounded, keeping its end: the innermost frames and the exception line say where it failed, and the
@@ -13,7 +13,7 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-from pal.core.redact import redact_text
+from pal.core.redact import redact_bounded, redact_text
 from pal.core.retry import error_class
 from pal.errors import StepError
 
@@ -39,6 +39,6 @@ def bounded_traceback(exc: BaseException, limit: int = MAX_TRACEBACK_CHARS) -> s
 
 def failure_payload(exc: BaseException, **extra: Any) -> dict[str, Any]:
     """The journal's record of `exc`; `extra` adds what the failure is about (a child run's id)."""
-    return {"type": type(exc).__name__, "message": redact_text(str(exc)[:MAX_MESSAGE_CHARS]),
+    return {"type": type(exc).__name__, "message": redact_bounded(str(exc), MAX_MESSAGE_CHARS),
             "code": exc.code if isinstance(exc, StepError) else "step_failed",
             "class": error_class(exc), "traceback": bounded_traceback(exc), **extra}

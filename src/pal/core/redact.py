@@ -74,6 +74,21 @@ def redact_text(text: str) -> str:
     return _PROVIDER_KEY.sub(REDACTED, text)
 
 
+def bounded(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, with a note of how many more there were. Only for text
+    that is redacted already (or needs none): see redact_bounded."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
+def redact_bounded(text: str, limit: int) -> str:
+    """`text` redacted, then bounded to `limit` characters. In that order: a cut through a
+    credential leaves a piece that redaction no longer recognises (a secret's first half, a
+    `Bearer` token too short to match), so cutting first would keep half of it."""
+    return bounded(redact_text(text), limit)
+
+
 def _redact_url(match: re.Match[str]) -> str:
     scheme, rest = match[1], match[2]
     authority, slash, path = rest.partition("/")

@@ -15,6 +15,10 @@ For the rest of PAL:
     known_secret_values()    the values alone, for a redaction filter
     scrub(value, secrets)    pure: `value` with every secret value replaced by [secret:NAME]
     scrub_known(value)       scrub(value, known_secrets())
+    hand_on(value)           a child run's input as stored: scrub_known, after placeholders already in it
+                             are made [redacted] (only values the handing step held are handed on)
+    reveal(value)            what a child run's steps see of that input: each placeholder resolved
+    holds_placeholder(value) whether `value` holds a [secret:NAME] placeholder
 """
 
 from __future__ import annotations
@@ -188,7 +192,11 @@ def scrub(value: Any, secrets: Mapping[str, str]) -> Any:
     usable = frozenset((name, v) for name, v in secrets.items() if isinstance(v, str) and v)
     if not usable:
         return value
-    sub = _replacer(usable)
+    return _rewrite(value, _replacer(usable))
+
+
+def _rewrite(value: Any, sub: Callable[[str], str]) -> Any:
+    """`value` rebuilt with `sub` applied to every string, key and printed number (see scrub)."""
     holder: list[Any] = [None]
     rebuilt: dict[int, Any] = {}
     stack: list[tuple[Any, Any, Any]] = [(value, holder, 0)]
@@ -215,6 +223,35 @@ def scrub(value: Any, secrets: Mapping[str, str]) -> Any:
 def scrub_known(value: Any, env: Mapping[str, str] | None = None) -> Any:
     """`scrub(value, known_secrets())`: what to call before journaling or logging a value."""
     return scrub(value, known_secrets(env))
+
+
+# A placeholder as scrub writes it; a child run's input holds them where its parent handed on a secret.
+_PLACEHOLDER = re.compile(r"\[secret:([A-Z][A-Z0-9_]*)\]")
+
+
+def hand_on(value: Any, env: Mapping[str, str] | None = None) -> Any:
+    """A child run's input as it is stored: every secret value replaced by its placeholder, which the
+    child's steps reveal again (`reveal`). Placeholder text already in `value` (an earlier step's
+    scrubbed output, or input that merely looks like one) becomes `[redacted]` first: otherwise text
+    from a run's input could make a child resolve any secret the worker holds."""
+    usable = frozenset((name, v) for name, v in known_secrets(env).items() if v)
+    scrub_text = _replacer(usable) if usable else str
+    return _rewrite(value, lambda text: scrub_text(_PLACEHOLDER.sub(redact.REDACTED, text)))
+
+
+def reveal(value: Any, env: Mapping[str, str] | None = None) -> Any:
+    """What a child run's steps see of its stored input: each `[secret:NAME]` replaced by the value
+    `resolve` gives now (SecretError, naming the secret, when this worker does not have it);
+    `value` itself when it holds none, as most inputs do (this runs for every step of a child run)."""
+    if not holds_placeholder(value):
+        return value
+    return _rewrite(value, lambda text: _PLACEHOLDER.sub(lambda match: resolve(match[1], env), text)
+                    if "[secret:" in text else text)
+
+
+def holds_placeholder(value: Any) -> bool:
+    """Whether a JSON value holds a `[secret:NAME]` placeholder (in a string or a key)."""
+    return bool(_PLACEHOLDER.search(json.dumps(value, default=str)))
 
 
 # pal.core.redact replaces every known secret value in what PAL journals and logs; this is its source of

@@ -20,6 +20,7 @@ from jinja2.exceptions import SecurityError
 
 from pal.core import secrets
 from pal.core.limits import RenderBudget, bounded_render, no_render
+from pal.core.redact import redact_bounded
 from pal.core.template_sandbox import SECRETS, BoundedEnvironment, inspect_template
 from pal.errors import TemplateError
 
@@ -127,13 +128,12 @@ def _run(prepared: _Prepared, variables: dict[str, Any], budget: RenderBudget) -
 
 def _fail(message: str, cause: BaseException, revealed: Mapping[str, str]) -> NoReturn:
     """Raise TemplateError. A message that could quote a secret (`input[secrets.KEY]` names the
-    missing key) is scrubbed before it is cut to length, so no part of a value survives, and the
-    original exception, which holds it, is not chained. A message can quote a whole input value
-    (`'...' is not in list`): it is cut at MAX_MESSAGE characters."""
+    missing key) is scrubbed, and the original exception, which holds it, is not chained. A message
+    can quote a whole input value (`'...' is not in list`), which may hold a credential too: it is
+    redacted, then cut at MAX_MESSAGE characters, so no part of a value survives the cut."""
     if revealed:
         message = secrets.scrub(message, revealed)
-    if len(message) > MAX_MESSAGE:
-        message = message[:MAX_MESSAGE] + f"... ({len(message) - MAX_MESSAGE} more characters)"
+    message = redact_bounded(message, MAX_MESSAGE)
     if revealed:
         raise TemplateError(message) from None
     raise TemplateError(message) from cause

@@ -32,6 +32,8 @@ from pal.core.confidence import (
     vote_score,
 )
 from pal.core.records import RunRecord, Usage
+from pal.core.redact import redact_bounded
+from pal.core.secrets import scrub_known
 from pal.core.step_log import StepLog
 from pal.engine.runtime import Runtime
 from pal.engine.tracing import span_event
@@ -93,8 +95,9 @@ def gate(rt: Runtime, run: RunRecord, node: Node, ctx: StepContext, generation: 
 
 
 def _action(node: Node, ctx: StepContext) -> dict[str, Any]:
-    """What the node is about to do, rendered as its effect would see it (bounded)."""
-    rendered = ctx.render({k: v for k, v in node.data.items() if k not in _NOT_THE_ACTION})
+    """What the node is about to do, rendered as its effect would see it, its secret values
+    replaced by their placeholders (the approval shows it), then bounded."""
+    rendered = scrub_known(ctx.render({k: v for k, v in node.data.items() if k not in _NOT_THE_ACTION}))
     text = json.dumps(rendered, sort_keys=True, default=str)
     if len(text) > _MAX_ACTION_CHARS:
         return {"type": node.type, "data": text[:_MAX_ACTION_CHARS] + " …"}
@@ -122,7 +125,7 @@ def _evaluate(rt: Runtime, run: RunRecord, ctx: StepContext, generation: int, po
         "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
                   "cost_usd": str(usage.cost_usd)}}
     if failure is not None:
-        evaluated["error"] = failure[:500]
+        evaluated["error"] = redact_bounded(failure, 500)  # journaled: redacted, then cut
     if bypassed is not None:
         evaluated["bypassed"] = bypassed
     kept = rt.journal.record_confidence(rt.fence(run.id, generation), ctx.step_id, ctx.attempt, evaluated,

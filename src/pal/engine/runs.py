@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from pal.config import DEFAULT_MAX_JSON_DEPTH
+from pal.core import secrets
 from pal.core.budgets import limits_problems
 from pal.core.clock import utcnow
 from pal.core.limits import depth_problem
@@ -103,12 +104,16 @@ def child_run_id(parent_run_id: str, step_id: str, attempt: int) -> str:
 
 def start_child_run(rt: Runtime, parent_run_id: str, step_id: str, attempt: int, document: Any,
                     child_input: Any) -> str:
-    """Create (or find) the child run of a subagent step and publish its first step."""
+    """Create (or find) the child run of a subagent step and publish its first step.
+
+    The child's input is stored with each secret value the worker knows replaced by its placeholder,
+    which the child's steps resolve again when they run (pal.core.secrets.hand_on and reveal)."""
     parent = rt.journal.get_run(parent_run_id)
     child_id = child_run_id(parent_run_id, step_id, attempt)
     if not rt.journal.run_exists(child_id):  # a re-driven parent asking again is not new work
         _check_room_for_a_child(rt, parent)
-    child_input = check_run_input(child_input, rt.settings.max_input_bytes, rt.settings.max_json_depth)
+    child_input = check_run_input(secrets.hand_on(child_input), rt.settings.max_input_bytes,
+                                  rt.settings.max_json_depth)
     plan = parse_plan(document, known_tools=registered_tools(), max_bytes=rt.settings.max_graph_bytes,
                       max_depth=rt.settings.max_json_depth)
     record, created = rt.journal.create_run(

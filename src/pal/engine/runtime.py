@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from pal.config import Settings
-from pal.core import doorbell, faults
+from pal.core import doorbell, faults, secrets
 from pal.core.anomalies import AnomalyLimits, with_overrides
 from pal.core.budgets import Budget, parse_budget
 from pal.core.clock import utcnow
@@ -100,14 +100,15 @@ class Runtime:
         return Journal(shared_engine(self.settings.database_url), program_of=program_of)
 
     def uses_secrets(self, run: RunRecord) -> bool:
-        """Whether the run's plan mentions `secrets` at all (then what its steps journal is scrubbed
-        of secret values: pal.core.secrets); decided once per plan per process."""
+        """Whether the run's plan mentions `secrets` at all, or it is a child run its parent handed
+        secrets to (then what its steps journal is scrubbed of secret values: pal.core.secrets); the
+        plan's part is decided once per plan per process."""
         key = f"{run.kind}:{run.graph_hash or run.id}"
         found = self._uses_secrets.get(key)
         if found is None:
             found = "secrets" in json.dumps(run.graph)
             self._uses_secrets.put(key, found)
-        return found
+        return found or (run.parent_run_id is not None and secrets.holds_placeholder(run.input))
 
     def doorbell_signature(self, run_id: str, step_id: str, generation: int) -> str:
         """The signature a `pal.execute_node` message of PAL's carries (pal.core.doorbell)."""

@@ -21,7 +21,7 @@ from pal.core.failures import failure_payload
 from pal.core.limits import output_problem
 from pal.core.records import Claim, ClaimOutcome, Handoff, Receipt, RunRecord, Usage
 from pal.core.redact import redact, redact_text
-from pal.core.secrets import scrub_known
+from pal.core.secrets import reveal, scrub_known
 from pal.engine.gate import gate
 from pal.engine.heartbeat import LeaseGone, TimeLimitReached
 from pal.engine.runtime import Runtime
@@ -71,8 +71,9 @@ class JournalReceipts:
             attempt=self._attempt, effect_kind=effect_kind, target=redact_text(target))
 
     def settle(self, status: str, response: Any) -> None:
-        if status != "delivered":  # an error's text; a delivered response is the step's own data
-            response = redact(response)
+        # An error's text is redacted; a delivered response is the step's own data, so only the
+        # secret values a receiver may echo are replaced, as in the step's output.
+        response = redact(response) if status != "delivered" else scrub_known(response)
         self._rt.journal.settle_receipt(key=self._key, status=status, response=response, now=utcnow())
 
     def in_doubt(self, detail: Any) -> None:
@@ -164,7 +165,7 @@ def _run_claimed(rt: Runtime, claim: Claim, step_id: str, generation: int) -> St
                                     f"PAL_MAX_STEPS_PER_RUN allows ({settings.max_steps_per_run})")
         node = program.node(step_id)
         outputs, loop = program.view(step_id, claim.completed or {})
-        ctx = StepContext(run_id=run_id, step_id=step_id, attempt=claim.attempt, input=claim.run.input,
+        ctx = StepContext(run_id=run_id, step_id=step_id, attempt=claim.attempt, input=_input(claim.run),
                           outputs=outputs, services=NodeServices(rt), receipts=receipts,
                           started_at=utcnow(), loop=loop)
         policy = retry.parse_policy(node.data.get("retry"))
@@ -193,6 +194,12 @@ def _run_claimed(rt: Runtime, claim: Claim, step_id: str, generation: int) -> St
         return _park(rt, claim.run, step_id, claim.attempt, generation, result, program)
     watch_usage(rt, claim.run, step_id, generation, result.usage)
     return _complete(rt, claim.run, step_id, claim.attempt, generation, result, program)
+
+
+def _input(run: RunRecord) -> Any:
+    """The run's input as its steps see it: a child run's stored input names the secrets its parent
+    handed on (pal.core.secrets.hand_on), resolved here, in the worker, as a template resolves them."""
+    return reveal(run.input) if run.parent_run_id is not None else run.input
 
 
 def _run_node(rt: Runtime, run: RunRecord, node: Node, ctx: StepContext, generation: int,

@@ -24,11 +24,14 @@ from urllib.parse import urlsplit
 import httpx
 
 from pal.core import egress, templates
+from pal.core.redact import bounded, redact_bounded
+from pal.core.secrets import scrub_known
 from pal.errors import DeliveryError, DeliveryOutcomeUnknown, DeliveryTimeout
 from pal.nodes.base import ANY, Field, NodeKind, StepContext
 from pal.nodes.delivery import deliver
 
 METHODS = ("POST", "PUT", "PATCH", "DELETE")
+MAX_TEXT_ANSWER_CHARS = 4000  # of a delivered answer that is not JSON
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 # Routing, framing and hop-by-hop headers belong to PAL and httpx, not to graphs: a graph's Host
@@ -187,10 +190,12 @@ def _sender(client: httpx.Client, build: Callable[[], httpx.Request], host: str,
                 raise DeliveryTimeout(f"{what}: timed out after {timeout:g}s") from exc
             except httpx.TransportError as exc:  # e.g. the connection dropped after the request
                 raise DeliveryOutcomeUnknown(f"{what}: {type(exc).__name__}: {exc}") from exc
+            # An answer quoted in an error is redacted before it is cut (pal.core.redact.redact_bounded).
             if 400 <= reply.status_code < 500:  # the receiver answered: not accepted
-                raise DeliveryError(f"{what}: HTTP {reply.status_code}: {reply.text[:500]}")
+                raise DeliveryError(f"{what}: HTTP {reply.status_code}: {redact_bounded(reply.text, 500)}")
             if not reply.is_success:  # a 5xx (or a proxy's, or an unfollowed 3xx): maybe done
-                raise DeliveryOutcomeUnknown(f"{what}: HTTP {reply.status_code}: {reply.text[:500]}")
+                raise DeliveryOutcomeUnknown(f"{what}: HTTP {reply.status_code}: "
+                                             f"{redact_bounded(reply.text, 500)}")
             return {"status": reply.status_code, "body": _body(reply)}
         raise DeliveryError(f"{what}: cannot connect: {refused}") from refused
 
@@ -198,7 +203,9 @@ def _sender(client: httpx.Client, build: Callable[[], httpx.Request], host: str,
 
 
 def _body(reply: httpx.Response) -> Any:
+    """A delivered answer, the step's data: JSON as it is, text scrubbed of secret values and then
+    bounded (cut first, a secret across the bound would keep its first part)."""
     try:
         return reply.json()
     except ValueError:
-        return reply.text[:4000]
+        return bounded(scrub_known(reply.text), MAX_TEXT_ANSWER_CHARS)
