@@ -37,7 +37,7 @@ EVERY_OTHER = ["-m", f"not ({ALONE} or qemu)"]
 LANES = {
     "e2e": ["tests/e2e", *(f"--ignore={path}" for path in BALANCE), *EVERY_OTHER],
     "core": ["tests/unit", "tests/storage", "tests/architecture", "tests/integration", *BALANCE, *EVERY_OTHER],
-    "vm": ["tests/e2e/test_isolated_tier.py", "-m", "qemu"],
+    "vm": ["tests/e2e/test_isolated_tier.py", "tests/e2e/test_sandbox_escapes.py", "-m", "qemu"],
 }
 
 

@@ -40,7 +40,7 @@ from pal.vms import DriverError
 from pal.vms.cgroups import Group, Limits
 from pal.vms.paths import open_work_dir
 from pal.vms.qemu import QEMU_OVERHEAD_MB, microvm
-from pal.vms.sandbox import SANDBOX_SOCKET, WORK, namespace_command
+from pal.vms.sandbox import SANDBOX_SOCKET, SYSTEM_PATH, WORK, namespace_command
 
 _RETRY_FOR_S = 60.0  # how long a report is retried while the control plane is unreachable
 BOOT_WAIT_S = 20.0  # a microVM that printed nothing by then is stopped
@@ -48,7 +48,6 @@ EXIT_WAIT_S = 5.0  # a microVM whose workload ended is stopped if it has not pow
 MAX_LINE = 8 << 20  # one SDK request; the control plane caps outputs itself (PAL_MAX_OUTPUT_BYTES)
 OOM_EXIT = 137  # the code of a workload the kernel killed for its memory limit, as a shell reports it
 _PR_SET_PDEATHSIG = 1
-_LAUNCHER_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # the sandbox's own tools, never the workload's PATH
 
 
 def say(line: str) -> None:
@@ -184,7 +183,7 @@ class Harness:
     def _launch(self, work_fd: int) -> tuple[list[str], dict[str, str]]:
         """The sandbox's command and its environment: the launcher's own, never the workload's (which
         reaches the workload alone, past the point where it could steer a root shell)."""
-        env = {"PATH": _LAUNCHER_PATH}
+        env = {"PATH": SYSTEM_PATH}  # the sandbox's own tools, never the workload's PATH
         if not self.in_microvm:
             env["PAL_SANDBOX_ENV"] = json.dumps(self._workload_env(SANDBOX_SOCKET))
             return namespace_command(self.command, root=self._view(), work_fd=work_fd,

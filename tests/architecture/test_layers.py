@@ -34,7 +34,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "providers": frozenset({"config", "core", "errors"}),
     "tools": frozenset({"config", "core", "errors"}),
     "vms": frozenset({"config", "core", "errors"}),  # VM drivers (the isolated tier)
-    "harness": frozenset(),  # a VM's supervisor: it talks to the control plane over HTTP only
+    # A VM's supervisor: it builds its sandbox with the host-side VM code and talks to the control
+    # plane over HTTP only (never storage or the engine).
+    "harness": frozenset({"vms", "config", "core", "errors"}),
     "sdk": frozenset(),  # runs inside the sandbox: the standard library only
     "config": frozenset({"core", "errors"}),
     "core": frozenset({"errors"}),

@@ -6,28 +6,20 @@ from inside the sandbox, in each VM (docs/isolated-tier.md)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from pal.cli.demo import wait_until
 from pal.vms.paths import tenant_segment
-from tests.conftest import REPO
 from tests.support.api_server import Api
 from tests.support.processes import Processes
-
-# The qemu-microvm guest `make vm-guest` builds. KVM on the machines this suite was written on cannot
-# boot a guest kernel (its CPUID lacks SSE3; the boot hangs after the setup stub), so the suite runs
-# the microVMs emulated unless PAL_TEST_VM_ACCEL=kvm says the host's KVM works.
-VM_GUEST = REPO / ".venv" / "vm-guest"
-VM_ACCEL = os.environ.get("PAL_TEST_VM_ACCEL", "tcg")
+from tests.support.vms import VM_GUEST, logs, microvm, vm_host_of
 
 AGENT = """
 import json, os, socket, sys, time
@@ -69,22 +61,8 @@ sdk.set_output({"steps": 4})
 @pytest.fixture
 def vm_host(api: Api, processes: Processes, tmp_path: Path) -> Iterator[tuple[Api, Path]]:
     """A VM host worker reporting to the api fixture's control plane, and beat."""
-    root = tmp_path / "vm-root"
-    root.mkdir()
-    processes.start(["worker", "--pool", "solo", "--vm-host", "--loglevel", "INFO"], "vmhost.log",
-                    PAL_CONTROL_URL=api.url, PAL_VM_ROOT=str(root), PAL_VM_GUEST=str(VM_GUEST),
-                    PAL_VM_ACCEL=VM_ACCEL)
-    processes.beat()
-    yield api, root
-    for run in api.client.list_runs(limit=50):  # harnesses run in sessions of their own
-        for vm in api.client.runtime.journal.vms(run.id):
-            if vm.pid:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(vm.pid, signal.SIGKILL)
-
-
-def microvm(workdir: str, *command: str, driver: str = "namespace", **env: str) -> dict[str, Any]:
-    return {"kind": "microvm", "command": list(command), "workdir": workdir, "env": env, "driver": driver}
+    with vm_host_of(api, processes, tmp_path) as host:
+        yield host
 
 
 @pytest.mark.parametrize("driver", ["namespace", pytest.param("qemu-microvm", marks=pytest.mark.qemu)])
@@ -100,12 +78,12 @@ def test_a_vm_killed_in_step_3_resumes_in_a_second_vm_that_skips_steps_1_and_2(
     outside = tmp_path / "outside.txt"
     run_id = client.start_run(microvm("agent", sys.executable, "agent.py", driver=driver, OUTSIDE=str(outside)),
                               {})
-    assert wait_until(lambda: (work / "in-step-3").exists(), timeout=90), _logs(root)
+    assert wait_until(lambda: (work / "in-step-3").exists(), timeout=90), logs(root)
     in_step_3 = client.runtime.journal.vms(run_id)[-1]
     assert in_step_3.state == "running" and in_step_3.pid
     os.killpg(in_step_3.pid, signal.SIGKILL)  # the whole VM: harness, sandbox, workload
     run = client.wait(run_id, timeout=120)
-    assert run.status == "succeeded", (run.error, _logs(root))
+    assert run.status == "succeeded", (run.error, logs(root))
     assert run.output == {"steps": 4}
     ledger = (work / "ledger.txt").read_text().splitlines()
     assert ledger == ["s1 resume=0", "s2 resume=0", "s3 resume=0", "s3 resume=1", "s4 resume=1"] or (
@@ -126,7 +104,7 @@ def test_a_vm_killed_in_step_3_resumes_in_a_second_vm_that_skips_steps_1_and_2(
     assert listed.returncode == 0 and "attempt 2" in listed.stdout and "terminated" in listed.stdout
     # Isolation, asserted from inside, in each VM.
     seen_files = sorted(work.glob("seen-*.json"))
-    assert seen_files, _logs(root)
+    assert seen_files, logs(root)
     for seen_file in seen_files:
         seen = json.loads(seen_file.read_text())
         assert seen["interfaces"] == ["lo"]  # only loopback
@@ -146,9 +124,3 @@ def test_a_workload_that_always_crashes_is_exhausted_after_three_vms(vm_host: tu
     assert run.error["attempts"] == 3
     assert [(v.attempt, v.exit_code) for v in client.runtime.journal.vms(run_id)] == [(1, 3), (2, 3), (3, 3)]
     assert [e.kind for e in client.events(run_id)].count("run_failed") == 1
-
-
-def _logs(root: Path) -> str:
-    """Every VM's harness log and console, from the VM host's state folders."""
-    logs = sorted((root / ".state").glob("*/*.log"))
-    return "\n".join(f"== {p}\n{p.read_text(errors='replace')}" for p in logs) or "(no harness log)"

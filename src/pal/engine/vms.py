@@ -31,9 +31,9 @@ from pal.engine.runtime import Runtime
 from pal.engine.tracing import end_generation
 from pal.errors import InputError, PalError, Refused
 from pal.storage.vms import VmOrder, VmRecord
-from pal.vms import DriverError
+from pal.vms import DriverError, Placement
 from pal.vms.drivers import driver_of
-from pal.vms.paths import Placement, place
+from pal.vms.paths import place
 
 log = logging.getLogger(__name__)
 

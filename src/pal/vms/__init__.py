@@ -13,16 +13,25 @@ heartbeats stopped (a killed VM, a lost host) to `terminated`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 from pal.errors import PalError
-
-if TYPE_CHECKING:
-    from pal.vms.paths import Placement
 
 
 class DriverError(PalError):
     """A VM could not be started on this host."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one VM lives on its host: PAL_VM_ROOT, its work directory below it, its state folder
+    (pal.vms.paths makes them)."""
+
+    root: Path
+    work: tuple[str, ...]
+    state: Path
 
 
 class VmOrderLike(Protocol):

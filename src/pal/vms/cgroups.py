@@ -45,6 +45,15 @@ def available(root: Path = ROOT) -> str | None:
     return None
 
 
+def _remove_empty_siblings(group: Path) -> None:
+    """The groups of VMs whose harness was killed before it removed them: a group with a process
+    left refuses rmdir, so only empty ones go."""
+    for sibling in group.parent.glob("vm_*"):
+        if sibling != group:
+            with contextlib.suppress(OSError):
+                sibling.rmdir()
+
+
 class Group:
     """One VM's cgroup (v2) or groups (v1), made with its limits."""
 
@@ -59,6 +68,7 @@ class Group:
             (parent / "cgroup.subtree_control").write_text("+memory +pids +cpu")
             self.dirs = [parent / name]
             self.dirs[0].mkdir(exist_ok=True)
+            _remove_empty_siblings(self.dirs[0])
             self._write(self.dirs[0], "memory.max", str(limits.memory_bytes))
             with contextlib.suppress(FileNotFoundError):  # no swap accounting: nothing to cap
                 self._write(self.dirs[0], "memory.swap.max", "0")
@@ -70,6 +80,7 @@ class Group:
             group = root / controller / "pal" / name
             group.mkdir(parents=True, exist_ok=True)
             self.dirs.append(group)
+            _remove_empty_siblings(group)
         memory, pids, cpu = self.dirs
         self._write(memory, "memory.limit_in_bytes", str(limits.memory_bytes))
         with contextlib.suppress(FileNotFoundError, PermissionError):  # memsw exists with swap accounting

@@ -5,10 +5,11 @@ on that Unix socket: machine size, the guest kernel with the VM's id and resume 
 line, a read-only root drive (`PAL_FIRECRACKER_ROOTFS`), the work directory's image (kept under
 `PAL_VM_ROOT/.state/images`) as a writable drive, a vsock device whose host end is a Unix socket in
 the VM's state folder; then `InstanceStart`. The report token never enters the guest (its command
-line and metadata are readable by every guest process): reports are to leave through the vsock to a relay on the host
-that holds it. Not built yet: that relay and the guest image's init; so a Firecracker VM boots
-but does not report, and the sweep gives up on it after three VMs. Firecracker is not obtainable on
-the machines PAL is tested on: the tests drive a local stand-in of the API that records each call.
+line and metadata are readable by every guest process): reports are to leave through the vsock to a
+relay on the host that holds it. Not built yet: that relay and the guest image's init; so a
+Firecracker VM boots but does not report, and the sweep gives up on it after three VMs. Firecracker
+is not obtainable on the machines PAL is tested on: the tests drive a local stand-in of the API that
+records each call.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ import httpx
 
 from pal.config import Settings
 from pal.core.vms import Resources
-from pal.vms import DriverError, VmOrderLike
+from pal.vms import DriverError, Placement, VmOrderLike
 from pal.vms.harnessed import resources_of
-from pal.vms.paths import Placement, create_private, open_dir
+from pal.vms.paths import create_private, open_dir
 
 _SOCKET_WAIT_S = 5.0  # how long Firecracker may take to open its API socket
 GUEST_CID = 3  # the guest's vsock context id (2 is the host)

@@ -10,21 +10,13 @@ being PORT, and tells the harness its exit code over CTL.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
-from pal.vms.sandbox import WORK
+from pal.vms.sandbox import WORK, confined
 
 _MAX_LINE = 1 << 20
-
-
-def _drop(uid: int) -> None:
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)  # from root to a plain user: every capability goes
 
 
 def main(port: str, ctl: str, uid: int) -> int:
@@ -33,9 +25,7 @@ def main(port: str, ctl: str, uid: int) -> int:
         order: dict[str, Any] = json.loads(channel.readline(_MAX_LINE))
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORK, **order.get("env", {}),
                "PAL_RESUME": "1" if order.get("resume") else "0", "PAL_HARNESS_SOCKET": port}
-        confine = str(Path(__file__).with_name("confine.py"))
-        code = subprocess.run([sys.executable, "-I", "-S", confine, *order["command"]], cwd=WORK, env=env,
-                              check=False, preexec_fn=lambda: _drop(uid)).returncode
+        code = subprocess.run(confined(order["command"], uid), cwd=WORK, env=env, check=False).returncode
         code = 128 - code if code < 0 else code
         channel.write(json.dumps({"op": "exit", "code": code}).encode() + b"\n")
     return code

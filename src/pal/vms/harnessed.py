@@ -18,8 +18,9 @@ from typing import Any
 
 from pal.config import Settings
 from pal.core.vms import Resources
-from pal.vms import DriverError, VmOrderLike, cgroups
-from pal.vms.paths import Placement, create_private
+from pal.vms import DriverError, Placement, VmOrderLike, cgroups
+from pal.vms.paths import create_private
+from pal.vms.sandbox import SYSTEM_PATH
 
 QEMU = "qemu-system-x86_64"
 _TOOLS = ("unshare", "setpriv", "pivot_root", "mount")
@@ -43,7 +44,7 @@ def resources_of(spec: Mapping[str, Any], settings: Settings) -> Resources:
 class HarnessedDriver:
     def __init__(self, settings: Settings, name: str = "namespace") -> None:
         self.settings, self.name = settings, name
-        missing = [t for t in _TOOLS if shutil.which(t, path="/usr/sbin:/usr/bin:/sbin:/bin") is None]
+        missing = [t for t in _TOOLS if shutil.which(t, path=SYSTEM_PATH) is None]
         if missing:
             raise DriverError(f"the {name} driver needs {', '.join(missing)} (util-linux) on this host")
         if problem := cgroups.available():

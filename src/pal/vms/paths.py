@@ -6,7 +6,7 @@
   `PAL_VM_ROOT/.state/<vm id>`, owned by root, mode 0700, which no workload sees or can write.
 - Every path the host walks below PAL_VM_ROOT is opened one segment at a time without following a
   link, so a workload that plants a symbolic link in its work directory cannot point the host
-  elsewhere; every file the host reads for a workload is read only when regular and with a bound.
+  elsewhere. Nothing else of a work directory is ever opened by the host.
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ import hashlib
 import os
 import re
 import stat
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from pal.vms import DriverError
+from pal.vms import DriverError, Placement
 
 _TENANT_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _RUN_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_:.-]{0,127}")
@@ -42,15 +40,6 @@ def work_segments(tenant: str, run_id: str, workdir: str, scope: str) -> list[st
         run = run_id if _RUN_SEGMENT.fullmatch(run_id) else "=" + hashlib.sha256(run_id.encode()).hexdigest()
         segments += [".runs", run]
     return segments + workdir.split("/")
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where one VM lives on its host: PAL_VM_ROOT, its work directory below it, its state folder."""
-
-    root: Path
-    work: tuple[str, ...]
-    state: Path
 
 
 def place(root: Path, vm_id: str, tenant: str, run_id: str, workdir: str, scope: str) -> Placement:
@@ -111,31 +100,3 @@ def create_private(path: Path, *, append: bool = True) -> int:
         os.close(fd)
         raise DriverError(f"{path} is not a regular file")
     return fd
-
-
-def read_bounded(path: Path, limit: int) -> bytes | None:
-    """At most `limit` bytes of a regular file, never through a link, never blocking on a FIFO;
-    None when it is missing, a link or not a regular file."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, limit)
-    finally:
-        os.close(fd)
-
-
-def fd_path(fd: int) -> str:
-    """A path naming an open folder for a child that inherits the fd (mount, qemu's 9p share)."""
-    return f"/proc/self/fd/{fd}"
-
-
-@contextlib.contextmanager
-def opened(fd: int) -> Iterator[int]:
-    try:
-        yield fd
-    finally:
-        os.close(fd)

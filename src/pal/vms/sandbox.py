@@ -17,11 +17,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
 from pal.vms import DriverError
 
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC = ("/etc/passwd", "/etc/group", "/etc/hosts", "/etc/nsswitch.conf", "/etc/localtime", "/etc/ssl",
        "/etc/ca-certificates", "/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf",
@@ -30,6 +32,17 @@ DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 SANDBOX_SOCKET = "/run/pal/sdk.sock"  # where the workload finds its harness
 WORK = "/run/pal/work"  # where the work directory is, inside the sandbox (no host path is under /run/pal)
 _TMP_SIZE = "64m"
+# How both sandboxes drop to the workloads' user: no supplementary groups, every capability set
+# (inheritable, bounding, hence permitted and effective) empty, no_new_privs; then the filter.
+DROP = ("--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs")
+CONFINE = str(Path(__file__).with_name("confine.py"))
+
+
+def confined(command: list[str], uid: int) -> list[str]:
+    """`command` run as `uid` with nothing left to gain, under PAL's seccomp filter."""
+    setpriv = shutil.which("setpriv", path=SYSTEM_PATH) or "/usr/bin/setpriv"  # never the workload's PATH
+    return [setpriv, f"--reuid={uid}", f"--regid={uid}", *DROP, "--", sys.executable, "-I", "-S", CONFINE,
+            *command]
 
 
 def python_paths() -> list[str]:
@@ -85,8 +98,7 @@ touch "$R{SANDBOX_SOCKET}" && mount --bind "$S" "$R{SANDBOX_SOCKET}"
 mount -o remount,ro,bind,nosuid,nodev "$R"
 cd "$R" && pivot_root . .old && cd / && umount -l /.old
 cd {WORK}
-exec setpriv --reuid="$U" --regid="$U" --clear-groups --inh-caps=-all --bounding-set=-all --no-new-privs \\
-  -- "$P" -I -S "$C" "$@"
+exec "$@"
 """
 
 
@@ -94,9 +106,7 @@ def namespace_command(command: list[str], *, root: Path, work_fd: int, sdk_socke
                       extra: tuple[str, ...]) -> list[str]:
     """`command` in the namespace sandbox: new pid, mount, network, ipc, uts and cgroup namespaces,
     SIGKILL to all of it when its first process dies."""
-    confine = Path(__file__).with_name("confine.py")
     script = ("set -eu\n" f'R={shlex.quote(str(root))}; W=/proc/self/fd/{work_fd}; '
-              f'S={shlex.quote(str(sdk_socket))}; U={uid}; P={shlex.quote(sys.executable)}; '
-              f'C={shlex.quote(str(confine))}\n' + view_script(extra, private_tmp=True) + _NAMESPACE_TAIL)
+              f'S={shlex.quote(str(sdk_socket))}\n' + view_script(extra, private_tmp=True) + _NAMESPACE_TAIL)
     return ["unshare", "--pid", "--fork", "--net", "--mount", "--ipc", "--uts", "--cgroup", "--mount-proc",
-            "--kill-child=SIGKILL", "sh", "-c", script, "pal-sandbox", *command]
+            "--kill-child=SIGKILL", "sh", "-c", script, "pal-sandbox", *confined(command, uid)]
