@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from pal.core.clock import utcnow
-from pal.core.failures import MAX_MESSAGE_CHARS
 from pal.core.limits import output_problem
 from pal.core.records import Fence
-from pal.core.redact import redact_text
+from pal.core.redact import redact_bounded
 from pal.core.secrets import scrub_known
 from pal.core.vms import ResumeAction, VmState
 from pal.core.vocabulary import EventKind
@@ -39,6 +38,7 @@ log = logging.getLogger(__name__)
 
 _STEP_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-\[\]]{0,199}")
 _EVENTS = ("started", "completed", "failed")
+MAX_VM_ERROR_CHARS = 2000  # what runtime_vms and the journal keep of a VM's error text
 UNKNOWN_VM = "unknown, finished or superseded VM"  # one refusal for every token that may not report
 
 
@@ -197,7 +197,7 @@ def _step_of(rt: Runtime, body: Mapping[str, Any]) -> tuple[str, str, Any]:
     if event == "completed":
         return step_id, str(event), _checked_output(rt, body.get("output"))
     # A VM's error text is the workload's own words: its credentials are cut out first, then it is bounded.
-    return step_id, str(event), redact_text(scrub_known(str(body.get("error") or "")))[:MAX_MESSAGE_CHARS]
+    return step_id, str(event), redact_bounded(scrub_known(str(body.get("error") or "")), MAX_VM_ERROR_CHARS)
 
 
 def _checked_output(rt: Runtime, output: Any) -> Any:
