@@ -159,7 +159,6 @@ class Settings:
     firecracker_bin: str = "firecracker"  # PAL_FIRECRACKER_BIN
     firecracker_kernel: str = ""  # PAL_FIRECRACKER_KERNEL
     firecracker_rootfs: str = ""  # PAL_FIRECRACKER_ROOTFS
-    firecracker_mem_mib: int = 512
     signing_key: str = field(default="", repr=False)  # PAL_SIGNING_KEY, a secret: never in a repr
     trusted_keys: tuple[str, ...] = ()  # PAL_TRUSTED_KEYS
 

@@ -46,6 +46,7 @@ _RETRY_FOR_S = 60.0  # how long a report is retried while the control plane is u
 BOOT_WAIT_S = 20.0  # a microVM that printed nothing by then is stopped
 EXIT_WAIT_S = 5.0  # a microVM whose workload ended is stopped if it has not powered off by then
 MAX_LINE = 8 << 20  # one SDK request; the control plane caps outputs itself (PAL_MAX_OUTPUT_BYTES)
+MAX_WORKLOAD_LOG = 16 << 20  # what the harness's log keeps of a workload's (or a microVM's console) output
 OOM_EXIT = 137  # the code of a workload the kernel killed for its memory limit, as a shell reports it
 _PR_SET_PDEATHSIG = 1
 
@@ -122,6 +123,7 @@ class Harness:
         self.key = secrets.token_urlsafe(32)  # the workload's, to talk to this harness alone
         self.output: Any = None
         self.exit_code: int | None = None  # a microVM's, told by its guest's launcher
+        self.printed = 0  # bytes of output (a microVM's console: it booted when there are some)
         self.workload: subprocess.Popen[bytes] | None = None
         self.stopped = threading.Event()
 
@@ -150,8 +152,11 @@ class Harness:
 
         # Started before any thread of the harness: preexec_fn is safe only in a single-threaded parent.
         self.workload = subprocess.Popen(launch, env=env, cwd=self.state, pass_fds=(work_fd,),
-                                         preexec_fn=prepare, stdin=subprocess.DEVNULL)
+                                         preexec_fn=prepare, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT)
         os.close(work_fd)
+        printer = threading.Thread(target=self._keep_output, name="output", daemon=True)
+        printer.start()
         say(f"VM {self.vm_id}: workload started (pid {self.workload.pid}, resume {int(self.resume)})")
         threading.Thread(target=self._accept, args=(servers[0], self._sdk_session), name="sdk",
                          daemon=True).start()
@@ -161,6 +166,7 @@ class Harness:
             threading.Thread(target=self._watch_microvm, name="watchdog", daemon=True).start()
         threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
         code = self.workload.wait()
+        printer.join(timeout=5)
         say(f"VM {self.vm_id}: workload ended ({code})")
         self.stopped.set()
         for server in servers:
@@ -189,7 +195,7 @@ class Harness:
             return namespace_command(self.command, root=self._view(), work_fd=work_fd,
                                      sdk_socket=self.state / "sdk.sock", uid=self.uid, extra=self.expose), env
         return microvm(guest=Path(os.environ["PAL_VM_GUEST"]), view=self._view(), work_fd=work_fd,
-                       state=self.state, sdk_socket=Path("sdk.sock"), ctl_socket=Path("ctl.sock"),
+                       sdk_socket=Path("sdk.sock"), ctl_socket=Path("ctl.sock"),
                        accel=os.environ.get("PAL_VM_ACCEL", "kvm"),
                        memory_mb=self.limits.memory_bytes >> 20, cpus=max(1, math.ceil(self.limits.cpus)),
                        uid=self.uid, extra=self.expose), env
@@ -204,15 +210,27 @@ class Harness:
                 "PAL_RESUME": "1" if self.resume else "0", "PAL_HARNESS_SOCKET": sdk_path,
                 "PAL_HARNESS_KEY": self.key}
 
+    def _keep_output(self) -> None:
+        """The workload's output (a microVM's console) into this log, up to MAX_WORKLOAD_LOG bytes:
+        a workload that prints without end fills no disk of the host's."""
+        assert self.workload is not None and self.workload.stdout is not None
+        kept = 0
+        while chunk := os.read(self.workload.stdout.fileno(), 65536):
+            self.printed += len(chunk)
+            if kept < MAX_WORKLOAD_LOG:
+                sys.stderr.buffer.write(chunk[:MAX_WORKLOAD_LOG - kept])
+                sys.stderr.buffer.flush()
+                kept += len(chunk)
+                if kept >= MAX_WORKLOAD_LOG:
+                    say(f"the workload's output past {MAX_WORKLOAD_LOG >> 20} MiB is not kept")
+
     def _watch_microvm(self) -> None:
         """qemu (7.2, emulated) now and then neither boots nor exits: a VM whose console stays empty
         for BOOT_WAIT_S is stopped (it ends as a failed VM, and the sweep starts the next one); one
         whose guest told its exit code is given EXIT_WAIT_S to leave, then stopped."""
-        console = self.state / "console.log"
         started = time.monotonic()
         while not self.stopped.wait(0.5):
-            printed = console.exists() and console.stat().st_size > 0
-            if not printed and time.monotonic() - started > BOOT_WAIT_S:
+            if not self.printed and time.monotonic() - started > BOOT_WAIT_S:
                 self._stop_workload(f"the microVM printed nothing in {BOOT_WAIT_S:g}s")
                 return
             if self.exit_code is not None:

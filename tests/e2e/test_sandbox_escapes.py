@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pal.cli.demo import wait_until
+from pal.harness import MAX_WORKLOAD_LOG
 from pal.vms.paths import tenant_segment
 from pal.vms.sandbox import python_paths
 from tests.support.api_server import Api
@@ -218,6 +219,18 @@ def test_a_workdir_through_a_planted_link_is_refused_and_the_host_is_untouched(
     assert run.status == "failed" and run.error["code"] == "microvm_resume_exhausted", logs(root)
     assert "is not a plain folder" in logs(root)
     assert os.stat(victim).st_uid == 0 and list(victim.iterdir()) == []
+
+
+def test_a_workload_printing_without_end_fills_no_disk_of_the_hosts(vm_host: tuple[Api, Path]) -> None:
+    api, root = vm_host
+    client = api.client
+    flood = "import sys\nfor _ in range(64):\n    sys.stdout.write('y' * (1 << 20))\nsys.stdout.flush()\n"
+    run_id = client.start_run(microvm("flood", sys.executable, "-c", flood), {})
+    assert client.wait(run_id, timeout=120).status == "succeeded", logs(root)
+    [vm] = client.runtime.journal.vms(run_id)
+    log = root / ".state" / vm.id / "harness.log"
+    assert MAX_WORKLOAD_LOG <= log.stat().st_size < MAX_WORKLOAD_LOG + 4096  # 64 MiB printed, 16 kept
+    assert "output past 16 MiB is not kept" in log.read_text(errors="replace")[-4096:]
 
 
 @pytest.mark.parametrize(("limits", "program", "exit_code"), [

@@ -125,7 +125,7 @@ def test_an_emulated_microvm_is_told_the_tsc_rate_and_a_kvm_one_is_not(
 
 def _microvm(tmp_path: Path, accel: str = "tcg", state: Path | None = None) -> list[str]:
     state = state or tmp_path
-    return microvm(guest=tmp_path, view=state / "root", work_fd=5, state=state, sdk_socket=state / "sdk.sock",
+    return microvm(guest=tmp_path, view=state / "root", work_fd=5, sdk_socket=state / "sdk.sock",
                    ctl_socket=state / "ctl.sock", accel=accel, memory_mb=512, cpus=1, uid=100000, extra=())
 
 

@@ -87,7 +87,7 @@ class FirecrackerDriver:
             time.sleep(0.02)
         calls: list[tuple[str, dict[str, Any]]] = [
             ("/machine-config", {"vcpu_count": max(1, math.ceil(limits.cpus)),
-                                 "mem_size_mib": min(limits.memory_mb, self.settings.firecracker_mem_mib)}),
+                                 "mem_size_mib": limits.memory_mb}),
             ("/boot-source", {"kernel_image_path": self.settings.firecracker_kernel,
                               "boot_args": (f"console=ttyS0 reboot=k panic=1 pci=off pal.vm={order.vm_id} "
                                             f"pal.resume={int(order.resume)}")}),

@@ -31,7 +31,7 @@ def _kernel_word(name: str, value: str) -> str:
     return f"{name}={value}"
 
 
-def microvm(*, guest: Path, view: Path, work_fd: int, state: Path, sdk_socket: Path, ctl_socket: Path,
+def microvm(*, guest: Path, view: Path, work_fd: int, sdk_socket: Path, ctl_socket: Path,
             accel: str, memory_mb: int, cpus: int, uid: int, extra: tuple[str, ...]) -> list[str]:
     """The harness's command for one microVM: `unshare --mount` making the view, then qemu."""
     cpu = "host" if accel == "kvm" else "max"
@@ -45,7 +45,7 @@ def microvm(*, guest: Path, view: Path, work_fd: int, state: Path, sdk_socket: P
             "-smp", str(cpus), "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
             "-kernel", str(guest / "vmlinuz"), "-initrd", str(guest / "initrd.img"),
             "-append", " ".join(append),
-            "-serial", f"file:{state / 'console.log'}",
+            "-serial", "stdio",  # the harness keeps the console in its log, bounded
             "-fsdev", f"local,id=hostroot,path={option(str(view))},security_model=none,readonly=on,"
                       "multidevs=remap",
             "-device", "virtio-9p-device,fsdev=hostroot,mount_tag=hostroot",
