@@ -37,6 +37,7 @@ PAL_SECRETS_FILE         JSON object of graph secrets, {"NAME": "value"}, read b
                          whenever a template renders {{ secrets.NAME }} (default none; pal.core.secrets)
 PAL_BASELINE_INTERVAL    how often celery beat recomputes the per-node baselines (default 5m)
 PAL_ANOMALY_<THRESHOLD>  an anomaly rule's threshold, e.g. PAL_ANOMALY_MAX_RETRIES=20 (docs/anomalies.md)
+PAL_DB_POOL_SIZE         the most Postgres connections one process opens, shared by its threads (default 20)
 PAL_CONTROL_URL          where VM harnesses report, the control plane's URL (default http://127.0.0.1:8000)
 PAL_VM_QUEUE             the Celery queue of VM spawns, consumed by `pal worker --vm-host` (default pal-vm)
 PAL_VM_ROOT              the folder holding microVM runs' work directories on a VM host
@@ -146,6 +147,7 @@ class Settings:
     anomaly_limits: AnomalyLimits = field(default_factory=AnomalyLimits)  # PAL_ANOMALY_*
     baseline_interval: float = DEFAULT_BASELINE_INTERVAL_SECONDS  # PAL_BASELINE_INTERVAL
     confidence_gate: GateMode = GateMode.OFF  # PAL_CONFIDENCE_GATE
+    db_pool_size: int = 20  # PAL_DB_POOL_SIZE
     control_url: str = "http://127.0.0.1:8000"  # PAL_CONTROL_URL
     vm_queue: str = "pal-vm"  # PAL_VM_QUEUE
     vm_root: str = ""  # PAL_VM_ROOT ("" before load_settings fills in $PAL_HOME/vm-work)
@@ -296,6 +298,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         anomaly_limits=_anomaly_limits(env),
         baseline_interval=_positive_float(env, "PAL_BASELINE_INTERVAL", DEFAULT_BASELINE_INTERVAL_SECONDS),
         confidence_gate=_gate_mode(env.get("PAL_CONFIDENCE_GATE", "")),
+        db_pool_size=_pool_size(env),
         control_url=env.get("PAL_CONTROL_URL", "").strip() or "http://127.0.0.1:8000",
         vm_queue=env.get("PAL_VM_QUEUE", "").strip() or "pal-vm",
         vm_root=str(Path(env.get("PAL_VM_ROOT", "").strip() or home / "vm-work").absolute()),
@@ -313,6 +316,14 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         signing_key=env.get("PAL_SIGNING_KEY", "").strip(),
         trusted_keys=tuple(k.strip() for k in env.get("PAL_TRUSTED_KEYS", "").split(",") if k.strip()),
     )
+
+
+def _pool_size(env: Mapping[str, str]) -> int:
+    size = _int(env, "PAL_DB_POOL_SIZE", 20)
+    if size < 2:
+        raise ConfigError(f"PAL_DB_POOL_SIZE={size} must be at least 2 (one connection for transactions, "
+                          "one for the step protocol's one-call statements)")
+    return size
 
 
 def _absolute_paths(env: Mapping[str, str], name: str) -> tuple[str, ...]:

@@ -214,3 +214,18 @@ def test_parse_go_duration(text: str, seconds: float) -> None:
 def test_parse_go_duration_errors(text: str) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_go_duration(text)
+
+
+def test_the_pool_size_bounds_each_process_and_refuses_less_than_two() -> None:
+    from pal.storage.database import create_engine, pool_limit
+
+    assert load_settings({}).db_pool_size == 20 and load_settings({"PAL_DB_POOL_SIZE": "7"}).db_pool_size == 7
+    for bad, fragment in (("1", "must be at least 2"), ("0", "must be positive"), ("many", "not a whole number")):
+        with pytest.raises(ConfigError, match=fragment):
+            load_settings({"PAL_DB_POOL_SIZE": bad})
+    engine = create_engine("postgresql://postgres@127.0.0.1:5432/test", pool_size=7)
+    try:  # 3 for transactions (the engine's own pool), 4 for one-call statements: 7 in all
+        assert engine.pool.size() + engine.pool._max_overflow == 3  # type: ignore[attr-defined]
+        assert pool_limit(engine) == 4
+    finally:
+        engine.dispose()

@@ -31,6 +31,9 @@ def worker(
     # What this worker will do, before Celery's own banner: credentials in URLs are masked.
     typer.echo(redact_text(f"pal worker: queues {queues}, broker {settings.broker_url}"), err=True)
     typer.echo(redact_text(f"pal worker: journal {settings.database_url}"), err=True)
+    if not settings.database_url.startswith("sqlite"):
+        typer.echo(f"pal worker: at most {settings.db_pool_size} Postgres connections per worker process, "
+                   "shared by its threads and held only around a journal call (PAL_DB_POOL_SIZE)", err=True)
     tools = ", ".join(sorted(registered_tools())) or "none"
     typer.echo(f"pal worker: lease {settings.lease_ttl:g}s, orphan sweep every "
                f"{settings.recovery_interval:g}s (run `pal beat` once per deployment), tools: {tools}",

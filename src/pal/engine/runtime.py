@@ -97,7 +97,8 @@ class Runtime:
 
     @cached_property
     def journal(self) -> Journal:
-        return Journal(shared_engine(self.settings.database_url), program_of=program_of)
+        return Journal(shared_engine(self.settings.database_url, self.settings.db_pool_size),
+                       program_of=program_of)
 
     def uses_secrets(self, run: RunRecord) -> bool:
         """Whether the run's plan mentions `secrets` at all, or it is a child run its parent handed

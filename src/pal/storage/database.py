@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ from sqlalchemy.engine import Engine
 from pal.storage.private_files import private_database_file
 
 _engines: dict[str, Engine] = {}
+DEFAULT_POOL_SIZE = 20  # PAL_DB_POOL_SIZE: the most Postgres connections one process opens
+_one_call_limits: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
 PING_AFTER_IDLE_SECONDS = 1.0  # a pooled Postgres connection idle this long is pinged before use
 _IDLE_SINCE = "pal_idle_since"
 
@@ -24,8 +27,10 @@ def normalize_url(url: str) -> sa.URL:
     return parsed
 
 
-def create_engine(url: str) -> Engine:
-    """A new engine for `url`. SQLite gets WAL, a busy timeout and write-locking transactions."""
+def create_engine(url: str, pool_size: int = DEFAULT_POOL_SIZE) -> Engine:
+    """A new engine for `url`. SQLite gets WAL, a busy timeout and write-locking transactions.
+    On Postgres the process opens at most `pool_size` connections: half for transactions (the
+    engine's pool), half for the step protocol's one-call statements (pal.storage.one_call)."""
     parsed = normalize_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
@@ -37,9 +42,20 @@ def create_engine(url: str) -> Engine:
         engine = sa.create_engine(parsed, connect_args={"timeout": 60}, hide_parameters=True)
         _configure_sqlite(engine)
         return engine
-    engine = sa.create_engine(parsed, pool_size=5, max_overflow=5, hide_parameters=True)
+    if pool_size < 2:
+        raise ValueError(f"a Postgres pool needs at least 2 connections, not {pool_size}")
+    transactions = pool_size // 2
+    steady = min(5, transactions)  # kept open; the rest opened when busy and closed when idle again
+    engine = sa.create_engine(parsed, pool_size=steady, max_overflow=transactions - steady,
+                              hide_parameters=True)
+    _one_call_limits[engine] = pool_size - transactions
     _ping_idle_connections(engine)
     return engine
+
+
+def pool_limit(engine: Engine) -> int:
+    """How many one-call connections the engine's process may open (see create_engine)."""
+    return _one_call_limits.get(engine, DEFAULT_POOL_SIZE - DEFAULT_POOL_SIZE // 2)
 
 
 def _ping_idle_connections(engine: Engine) -> None:
@@ -71,11 +87,12 @@ def _ping_idle_connections(engine: Engine) -> None:
             raise sa.exc.DisconnectionError("the pooled connection is gone") from exc  # the pool reconnects
 
 
-def shared_engine(url: str) -> Engine:
-    """The process-wide engine for `url` (workers dispose its pool after fork)."""
+def shared_engine(url: str, pool_size: int = DEFAULT_POOL_SIZE) -> Engine:
+    """The process-wide engine for `url` (workers dispose its pool after fork); the first call's
+    `pool_size` holds for the process."""
     engine = _engines.get(url)
     if engine is None:
-        engine = _engines[url] = create_engine(url)
+        engine = _engines[url] = create_engine(url, pool_size)
     return engine
 
 
