@@ -1,6 +1,6 @@
 FROM python:3.11-slim
 WORKDIR /app
-COPY pyproject.toml README.md beat_schedule.py ./
+COPY pyproject.toml constraints.txt README.md beat_schedule.py ./
 COPY src ./src
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir -c constraints.txt .
 CMD ["pal", "worker"]

@@ -7,15 +7,16 @@ BASE_STAMP := $(VENV)/.installed-base
 
 .PHONY: demo test test-qemu lint typecheck unit bench soak clean browser vm-guest
 
-# `make demo` installs PAL alone; `make test` adds the dev tools (pytest, ruff, mypy, playwright, ...).
-$(BASE_STAMP): pyproject.toml
+# `make demo` installs PAL alone; `make test` adds the dev tools (pytest, ruff, mypy, playwright, ...);
+# both at the exact versions of constraints.txt, inside pyproject.toml's ranges.
+$(BASE_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -c constraints.txt -e .
 	touch $(BASE_STAMP)
 
 $(STAMP): $(BASE_STAMP)
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(BASE_STAMP)
@@ -61,7 +62,7 @@ soak: $(STAMP)
 # docs/benchmarks.md. Not part of `make test`. REPS=5 for more repetitions, QUICK=1 for a smoke run.
 REPS ?= 3
 bench: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	$(BIN)/python bench/all.py --reps $(REPS) $(if $(QUICK),--quick,)
 
 clean:

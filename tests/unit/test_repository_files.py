@@ -115,3 +115,34 @@ def test_ci_runs_make_test_with_ci_true() -> None:
 def test_readme_opens_with_the_two_commands() -> None:
     head = (REPO / "README.md").read_text()[:1500]
     assert "make demo" in head and "make test" in head
+
+
+def _declared() -> list[str]:
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return [*project["dependencies"], *(d for extra in project["optional-dependencies"].values() for d in extra)]
+
+
+def test_pyproject_states_ranges_and_constraints_pin_a_version_inside_each() -> None:
+    """PAL lives inside other people's apps: pyproject.toml gives ranges (never `==`), and the exact
+    versions the suite installs are in constraints.txt, each inside its range."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pinned = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt: {line!r} is not name==version"
+            pinned[canonicalize_name(name)] = version
+    for text in _declared():
+        requirement = Requirement(text)
+        assert all(spec.operator not in ("==", "===") for spec in requirement.specifier), text
+        assert any(spec.operator == ">=" for spec in requirement.specifier), f"{text}: no tested lower bound"
+        version = pinned.get(canonicalize_name(requirement.name))
+        assert version is not None, f"{requirement.name} has no exact version in constraints.txt"
+        assert requirement.specifier.contains(version), f"constraints.txt's {version} is outside {text}"
+    makefile = (REPO / "Makefile").read_text()
+    installs = [line for line in makefile.splitlines() if "pip install" in line and "-e " in line]
+    assert installs and all("-c constraints.txt" in line for line in installs), installs
