@@ -321,12 +321,13 @@ class Harness:
 
 
 def main() -> int:
+    harness = Harness()
     try:
-        return Harness().run()
+        return harness.run()
     except (DriverError, OSError) as exc:
         say(f"the VM did not start: {exc}")
-        with contextlib.suppress(Exception):
-            Harness().control.report({"type": "exit", "code": 125, "output": None})
+        with contextlib.suppress(Refused, ConnectionError, ValueError):
+            harness.control.report({"type": "exit", "code": 125, "output": None})
         return 125
 
 

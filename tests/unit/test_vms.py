@@ -3,6 +3,7 @@ hostile microVM run documents."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,36 @@ def test_no_host_path_with_a_space_reaches_the_kernel_command_line(monkeypatch: 
     monkeypatch.setattr(sys, "executable", "/opt/py 3/bin/python rdinit=/bin/sh")
     with pytest.raises(DriverError, match="cannot go on a kernel command line"):
         _microvm(tmp_path)
+
+
+@pytest.mark.parametrize(("env", "fragment"), [
+    ({"PAL_VM_UID": "0"}, "PAL_VM_UID='0' must be positive"),  # never root
+    ({"PAL_VM_UID": "-1"}, "must be positive"),
+    ({"PAL_VM_UID": "root"}, "not a whole number"),
+    ({"PAL_VM_MAX_MEMORY_MB": "0"}, "must be positive"),
+    ({"PAL_VM_MAX_CPUS": "nan"}, "must be positive and finite"),
+    ({"PAL_VM_MAX_PIDS": "lots"}, "not a whole number"),
+    ({"PAL_VM_EXPOSE": "relative/tools"}, "must be an absolute path"),
+    ({"PAL_VM_EXPOSE": "/opt/a:/srv/../etc"}, "must be an absolute path without '..'"),
+    ({"PAL_VM_EXPOSE": "/opt/my tools"}, "spaces, commas"),
+    ({"PAL_VM_EXPOSE": "/opt/a,path=/"}, "spaces, commas"),
+])
+def test_the_vm_host_settings_refuse_what_would_weaken_a_sandbox(env: dict[str, str], fragment: str) -> None:
+    from pal.config import load_settings
+    from pal.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        load_settings(env)
+
+
+def test_a_vm_over_its_hosts_caps_is_refused_before_anything_starts() -> None:
+    from pal.config import load_settings
+    from pal.vms import DriverError
+    from pal.vms.harnessed import within_host_caps
+
+    settings = load_settings({"PAL_VM_MAX_MEMORY_MB": "1024", "PAL_VM_MAX_CPUS": "2", "PAL_VM_MAX_PIDS": "100"})
+    assert within_host_caps(GOOD | {"memoryMb": 1024, "cpus": 2, "pids": 100}, settings).memory_mb == 1024
+    for over, fragment in (({"memoryMb": 1025}, "memoryMb 1025 (this host allows at most 1024, PAL_VM_MAX_MEMORY_MB)"),
+                           ({"cpus": 2.5}, "cpus 2.5"), ({"pids": 101}, "pids 101")):
+        with pytest.raises(DriverError, match=re.escape(fragment)):
+            within_host_caps(GOOD | over, settings)

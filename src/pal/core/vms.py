@@ -148,11 +148,15 @@ def _workdir_problems(workdir: Any) -> list[str]:
 
 def parse_spec(document: Mapping[str, Any]) -> VmSpec:
     """The spec of a validated document."""
-    defaults = Resources()
     return VmSpec(command=tuple(document["command"]), workdir=str(document["workdir"]),
                   env={str(k): str(v) for k, v in (document.get("env") or {}).items()},
                   driver=str(document.get("driver", DEFAULT_DRIVER)),
-                  workdir_scope=str(document.get("workdirScope", "tenant")),
-                  resources=Resources(memory_mb=int(document.get("memoryMb", defaults.memory_mb)),
-                                      cpus=float(document.get("cpus", defaults.cpus)),
-                                      pids=int(document.get("pids", defaults.pids))))
+                  workdir_scope=str(document.get("workdirScope", "tenant")), resources=resources_of(document))
+
+
+def resources_of(document: Mapping[str, Any]) -> Resources:
+    """What a validated document asks for, the defaults where it says nothing."""
+    defaults = Resources()
+    return Resources(memory_mb=int(document.get("memoryMb", defaults.memory_mb)),
+                     cpus=float(document.get("cpus", defaults.cpus)),
+                     pids=int(document.get("pids", defaults.pids)))

@@ -158,9 +158,11 @@ class AutocommitCalls:
                     held = _Held(pid, None, set())
                     self._open.append(held)  # its place, kept while it connects
                     break
-                if not self._free.wait(timeout=deadline - time.monotonic()) and time.monotonic() > deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     raise journal_error(f"no Postgres connection of this process's {self.limit} "
                                         f"(PAL_DB_POOL_SIZE) came free in {CHECKOUT_WAIT_S:g}s")
+                self._free.wait(remaining)
         try:
             held.connection = self._connect()
         except BaseException:

@@ -36,7 +36,7 @@ def private_folder(path: Path) -> None:
 def private_database_file(path: Path) -> None:
     """Create the SQLite database `path` empty as 0600 unless it exists (SQLite reads an empty file
     as an empty database). An existing one, and its -wal, -shm and -journal files, lose any group
-    and other permission bits when this user owns them: a journal an older PAL made readable."""
+    and other permission bits when this user owns them."""
     private_folder(path.parent)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_FILE)

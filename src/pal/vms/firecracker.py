@@ -31,7 +31,7 @@ import httpx
 from pal.config import Settings
 from pal.core.vms import Resources
 from pal.vms import DriverError, Placement, VmOrderLike
-from pal.vms.harnessed import resources_of
+from pal.vms.harnessed import within_host_caps
 from pal.vms.paths import create_private, open_dir
 
 _SOCKET_WAIT_S = 5.0  # how long Firecracker may take to open its API socket
@@ -59,7 +59,7 @@ class FirecrackerDriver:
             if not path or not Path(path).is_file():
                 raise DriverError(f"{what} must name the guest's {what.rsplit('_', 1)[1].lower()} file, "
                                   f"not {path!r}")
-        limits = resources_of(order.spec if isinstance(order.spec, Mapping) else {}, self.settings)
+        limits = within_host_caps(order.spec if isinstance(order.spec, Mapping) else {}, self.settings)
         api_sock = place.state / "firecracker.sock"
         api_sock.unlink(missing_ok=True)
         log = create_private(place.state / "firecracker.log")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pal.config import Settings
-from pal.core.vms import Resources
+from pal.core.vms import Resources, resources_of
 from pal.vms import DriverError, Placement, VmOrderLike, cgroups
 from pal.vms.paths import create_private
 from pal.vms.sandbox import SYSTEM_PATH
@@ -26,11 +26,9 @@ QEMU = "qemu-system-x86_64"
 _TOOLS = ("unshare", "setpriv", "pivot_root", "mount")
 
 
-def resources_of(spec: Mapping[str, Any], settings: Settings) -> Resources:
-    """The VM's limits: the document's, else the defaults; DriverError when over this host's caps."""
-    defaults = Resources()
-    asked = Resources(memory_mb=int(spec.get("memoryMb", defaults.memory_mb)),
-                      cpus=float(spec.get("cpus", defaults.cpus)), pids=int(spec.get("pids", defaults.pids)))
+def within_host_caps(spec: Mapping[str, Any], settings: Settings) -> Resources:
+    """The VM's limits (pal.core.vms.resources_of); DriverError when over this host's caps."""
+    asked = resources_of(spec)
     over = [f"{name} {value:g} (this host allows at most {cap:g}, {variable})"
             for name, value, cap, variable in (
                 ("memoryMb", asked.memory_mb, settings.vm_max_memory_mb, "PAL_VM_MAX_MEMORY_MB"),
@@ -62,7 +60,7 @@ class HarnessedDriver:
 
     def spawn(self, order: VmOrderLike, token: str, *, place: Placement) -> int:
         spec = order.spec if isinstance(order.spec, Mapping) else {}
-        limits = resources_of(spec, self.settings)
+        limits = within_host_caps(spec, self.settings)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PAL_VM_ID": order.vm_id,
                "PAL_VM_TOKEN": token, "PAL_CONTROL_URL": self.settings.control_url,
                "PAL_VM_ROOT": str(place.root), "PAL_VM_WORK": "/".join(place.work),

@@ -76,16 +76,14 @@ def view_script(extra: tuple[str, ...], *, private_tmp: bool) -> str:
     if private_tmp:
         lines.append(f'mount -t tmpfs -o mode=1777,size={_TMP_SIZE},nosuid,nodev pal-tmp "$R/tmp"')
     for path in exposed_paths(extra):
-        q, target = shlex.quote(path), shlex.quote(path)
+        q = shlex.quote(path)
+        parent = f'mkdir -p "$(dirname "$R"{q})"'
         if os.path.islink(path):  # merged /usr: /bin -> usr/bin stays a link
-            lines.append(f'[ -e "$R"{target} ] || {{ mkdir -p "$(dirname "$R"{target})"; '
-                         f'ln -s "$(readlink {q})" "$R"{target}; }}')
-        elif os.path.isdir(path):
-            lines.append(f'mkdir -p "$R"{target} && mount --bind {q} "$R"{target} && '
-                         f'mount -o remount,bind,ro,nosuid,nodev "$R"{target}')
+            lines.append(f'[ -e "$R"{q} ] || {{ {parent}; ln -s "$(readlink {q})" "$R"{q}; }}')
         else:
-            lines.append(f'mkdir -p "$(dirname "$R"{target})" && touch "$R"{target} && mount --bind {q} '
-                         f'"$R"{target} && mount -o remount,bind,ro,nosuid,nodev "$R"{target}')
+            made = f'mkdir -p "$R"{q}' if os.path.isdir(path) else f'{parent} && touch "$R"{q}'
+            lines.append(f'{made} && mount --bind {q} "$R"{q} && '
+                         f'mount -o remount,bind,ro,nosuid,nodev "$R"{q}')
     return "\n".join(lines)
 
 
