@@ -148,6 +148,7 @@ class Settings:
     baseline_interval: float = DEFAULT_BASELINE_INTERVAL_SECONDS  # PAL_BASELINE_INTERVAL
     confidence_gate: GateMode = GateMode.OFF  # PAL_CONFIDENCE_GATE
     db_pool_size: int = 20  # PAL_DB_POOL_SIZE
+    async_steps: int = 1000  # PAL_ASYNC_STEPS: awaited effects in flight per worker process
     control_url: str = "http://127.0.0.1:8000"  # PAL_CONTROL_URL
     vm_queue: str = "pal-vm"  # PAL_VM_QUEUE
     vm_root: str = ""  # PAL_VM_ROOT ("" before load_settings fills in $PAL_HOME/vm-work)
@@ -299,6 +300,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         baseline_interval=_positive_float(env, "PAL_BASELINE_INTERVAL", DEFAULT_BASELINE_INTERVAL_SECONDS),
         confidence_gate=_gate_mode(env.get("PAL_CONFIDENCE_GATE", "")),
         db_pool_size=_pool_size(env),
+        async_steps=_async_steps(env),
         control_url=env.get("PAL_CONTROL_URL", "").strip() or "http://127.0.0.1:8000",
         vm_queue=env.get("PAL_VM_QUEUE", "").strip() or "pal-vm",
         vm_root=str(Path(env.get("PAL_VM_ROOT", "").strip() or home / "vm-work").absolute()),
@@ -324,6 +326,16 @@ def _pool_size(env: Mapping[str, str]) -> int:
         raise ConfigError(f"PAL_DB_POOL_SIZE={size} must be at least 2 (one connection for transactions, "
                           "one for the step protocol's one-call statements)")
     return size
+
+
+MAX_ASYNC_STEPS = 100_000
+
+
+def _async_steps(env: Mapping[str, str]) -> int:
+    limit = _int(env, "PAL_ASYNC_STEPS", 1000)
+    if limit > MAX_ASYNC_STEPS:
+        raise ConfigError(f"PAL_ASYNC_STEPS={limit} is more than {MAX_ASYNC_STEPS} awaited steps per process")
+    return limit
 
 
 def _absolute_paths(env: Mapping[str, str], name: str) -> tuple[str, ...]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,21 @@ def nap(seconds: float, path: str | None = None, label: str = "nap") -> float:
         record_call(path, label)
     time.sleep(min(float(seconds), 30.0))
     return float(seconds)
+
+
+@tool(name="anap")
+async def anap(seconds: float, path: str | None = None, label: str = "anap") -> dict[str, Any]:
+    """`nap`, awaited: with `path`, records its start, and `<label>:stopped` if it is cancelled (a
+    time limit, a cancelled run); returns the event loop's thread, to tell where it ran."""
+    if path is not None:
+        record_call(path, label)
+    try:
+        await asyncio.sleep(min(float(seconds), 30.0))
+    except asyncio.CancelledError:
+        if path is not None:
+            record_call(path, f"{label}:stopped")
+        raise
+    return {"slept": float(seconds), "thread": threading.current_thread().name}
 
 
 @tool(name="not_json")

@@ -34,6 +34,9 @@ def worker(
     if not settings.database_url.startswith("sqlite"):
         typer.echo(f"pal worker: at most {settings.db_pool_size} Postgres connections per worker process, "
                    "shared by its threads and held only around a journal call (PAL_DB_POOL_SIZE)", err=True)
+    typer.echo(f"pal worker: awaited steps: up to {settings.async_steps} in flight per worker process on "
+               "its event loop (async def tools, model calls), holding no thread while they wait "
+               "(PAL_ASYNC_STEPS)", err=True)
     tools = ", ".join(sorted(registered_tools())) or "none"
     typer.echo(f"pal worker: lease {settings.lease_ttl:g}s, orphan sweep every "
                f"{settings.recovery_interval:g}s (run `pal beat` once per deployment), tools: {tools}",

@@ -57,6 +57,7 @@ class _Held:
     thread: int  # threading.get_ident() of the step's thread
     deadline: float | None  # time.monotonic() at which the step is stopped
     interrupted: bool = False  # an asynchronous exception was sent to the thread
+    on_gone: Callable[[], None] | None = None  # a step on the event loop: how to stop it (watch)
 
 
 class LeaseKeeper:
@@ -101,6 +102,24 @@ class LeaseKeeper:
                 if held.interrupted:  # sent but perhaps not raised yet: it must not outlive the block
                     _raise_in(ident, None)
 
+    def watch(self, run_id: str, generation: int, on_gone: Callable[[], None]) -> int:
+        """Keep a lease renewed for a step that runs on no thread of its own (an awaited effect,
+        pal.engine.async_steps), until `unwatch`; `on_gone` is called once if the lease is lost.
+        Its time limit is the event loop's to keep."""
+        if self._pid != os.getpid():
+            self._reset()
+        with self._lock:
+            token = self._next = self._next + 1
+            self._held[token] = _Held(run_id, generation, time.monotonic(), 0, None, on_gone=on_gone)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._beat, name="pal-lease-keeper", daemon=True)
+                self._thread.start()
+        return token
+
+    def unwatch(self, token: int) -> None:
+        with self._lock:
+            self._held.pop(token, None)
+
     def _beat(self) -> None:
         idle_since: float | None = None
         while True:
@@ -134,9 +153,13 @@ class LeaseKeeper:
         log.warning("run %s: lease generation %d is gone (taken over or cancelled); stopping its step",
                     held.run_id, held.generation)
         with self._lock:
-            if self._held.pop(token, None) is not None and not held.interrupted:
-                held.interrupted = True
+            if self._held.pop(token, None) is None or held.interrupted:
+                return
+            held.interrupted = True
+            if held.on_gone is None:
                 _interrupt(held.thread, LeaseGone)
+        if held.on_gone is not None:
+            held.on_gone()
 
 
 class _Alarm:

@@ -23,6 +23,7 @@ from pal.core.clock import utcnow
 from pal.core.lru import Lru
 from pal.core.records import Fence, RunRecord
 from pal.engine import builtin_tools  # noqa: F401  (registers the built-in tools)
+from pal.engine.async_steps import AsyncSteps
 from pal.engine.heartbeat import LeaseKeeper
 from pal.engine.tracing import Tracing, configured
 from pal.errors import PalError
@@ -84,12 +85,14 @@ class Runtime:
         self.publish_batch = publish_batch
         self.publish_vm: Callable[[str], None] = _no_vm_queue  # the VM queue's spawn (pal.engine.vms)
         self.own_messages: OwnMessages | None = None  # a solo worker's (pal.workers.publishing)
+        self.leases = LeaseKeeper(self._renew_lease, settings.lease_ttl)
+        # Awaitable effects run on an event loop: a worker's (pal.workers.app); elsewhere in the thread.
+        self.async_steps: AsyncSteps | None = None
         self._plans: Lru[str, Program] = Lru(_PLAN_CACHE_SIZE)
         self._uses_secrets: Lru[str, bool] = Lru(_PLAN_CACHE_SIZE)
         self._watch_plans: Lru[str, WatchPlan] = Lru(_PLAN_CACHE_SIZE)
         self._baselines: Lru[tuple[str, str], tuple[float, dict[tuple[str, str], list[float]]]] = Lru(
             _PLAN_CACHE_SIZE)
-        self.leases = LeaseKeeper(self._renew_lease, settings.lease_ttl)
         load_tool_modules(settings.tool_modules)
 
     def _renew_lease(self, run_id: str, generation: int) -> bool:

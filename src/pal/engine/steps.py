@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+AWAITING = "awaiting"  # the step's effect runs on the event loop; its outcome is journaled when it ends
+
+
 @dataclass(frozen=True)
 class StepResult:
     outcome: str  # a ClaimOutcome value, or "completed" / "failed" / "retrying" / "fenced"
@@ -130,22 +133,40 @@ def _traced(rt: Runtime, tracing: Tracing, claim: Claim, step_id: str, generatio
         node_type, data = node.type, node.data
     except (PalError, KeyError):  # a step the plan does not have: the attempt fails inside
         node_type, data = "unknown", {}
-    with tracing.step(claim.run, step_id, claim.attempt, generation, node_type, data, sent_at) as span:
-        result = _run_claimed(rt, claim, step_id, generation)
+    span = tracing.start_step(claim.run, step_id, claim.attempt, generation, node_type, data, sent_at)
+
+    def traced(result: StepResult) -> StepResult:  # now, or once an awaited effect is journaled
         span.finish(result.outcome, result.usage, result.error)
-    if result.finished or result.parked:
-        try:
-            run = rt.journal.get_run(claim.run.id)
-            end_generation(tracing, rt.journal, run, generation, utcnow(),
-                           outcome=run.status if result.finished else "waiting")
-        except PalError:  # a trace is never worth failing a step that has committed
-            log.warning("run %s: the root span of generation %d was not written", claim.run.id, generation,
-                        exc_info=True)
-    return result
+        span.end()
+        if result.finished or result.parked:
+            _end_generation(rt, tracing, claim, generation, result)
+        return result
+
+    try:
+        with span.current():
+            result = _run_claimed(rt, claim, step_id, generation, after=traced)
+    except BaseException:
+        span.end()
+        raise
+    return result if result.outcome == AWAITING else traced(result)
 
 
-def _run_claimed(rt: Runtime, claim: Claim, step_id: str, generation: int) -> StepResult:
-    """Phase 2 and 3 of the step protocol for an attempt this worker claimed."""
+def _end_generation(rt: Runtime, tracing: Tracing, claim: Claim, generation: int, result: StepResult) -> None:
+    assert claim.run is not None
+    try:
+        run = rt.journal.get_run(claim.run.id)
+        end_generation(tracing, rt.journal, run, generation, utcnow(),
+                       outcome=run.status if result.finished else "waiting")
+    except PalError:  # a trace is never worth failing a step that has committed
+        log.warning("run %s: the root span of generation %d was not written", claim.run.id, generation,
+                    exc_info=True)
+
+
+def _run_claimed(rt: Runtime, claim: Claim, step_id: str, generation: int,
+                 after: Callable[[StepResult], object] | None = None) -> StepResult:
+    """Phase 2 and 3 of the step protocol for an attempt this worker claimed. A node whose effect
+    is awaitable runs on the process's event loop (pal.engine.async_steps): the attempt is then
+    AWAITING, and `after` gets its result once its outcome is journaled."""
     assert claim.run is not None
     run_id, settings = claim.run.id, rt.settings
     program = rt.program_of(claim.run)
@@ -159,6 +180,7 @@ def _run_claimed(rt: Runtime, claim: Claim, step_id: str, generation: int) -> St
     receipts = JournalReceipts(rt, idempotency_key(run_id, step_id, claim.attempt), run_id, step_id,
                                claim.attempt, generation)
     policy, limit_s = retry.RetryPolicy(), settings.step_timeout
+    outcome: NodeResult | Park | BaseException
     try:
         if len(claim.completed or ()) >= settings.max_steps_per_run:
             raise WorkLimitExceeded(f"the run has completed {len(claim.completed or ())} steps, the most "
@@ -172,28 +194,73 @@ def _run_claimed(rt: Runtime, claim: Claim, step_id: str, generation: int) -> St
         limit_s = step_time_limit(node.data, settings)
         # The confidence gate (off unless PAL_CONFIDENCE_GATE says so) judges the action first.
         diverted = gate(rt, claim.run, node, ctx, generation, claim.log)
-        result = diverted or _run_node(rt, claim.run, node, ctx, generation, limit_s)
-    except (LeaseLost, LeaseGone):
-        log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
-        return StepResult("fenced")
-    except TimeLimitReached as stopped:
-        exc = StepTimeout(f"the step ran past its time limit of {limit_s:g}s and was stopped")
-        exc.__cause__ = stopped  # its traceback shows where the step's code was when it was stopped
-        return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy, claim.run.parent_run_id,
-                       paused)
-    except Exception as exc:  # a node's failure is data for the journal, not a worker crash
-        if isinstance(exc, TypeError | ValueError) and "JSON" in str(exc):
-            not_json = PalError(f"step {step_id!r} returned a value that is not JSON: {exc}")
-            not_json.__cause__ = exc  # the journaled traceback is the encoder's
-            exc = not_json
-        return _failed(rt, run_id, step_id, claim.attempt, generation, exc, policy, claim.run.parent_run_id,
-                       paused)
-    if isinstance(result, Park):
-        # Outside the node's failure handling: a journal error here is not the node's failure (a
-        # retry would start a second child); the lease lapses and a re-drive parks the same attempt.
-        return _park(rt, claim.run, step_id, claim.attempt, generation, result, program)
-    watch_usage(rt, claim.run, step_id, generation, result.usage)
-    return _complete(rt, claim.run, step_id, claim.attempt, generation, result, program)
+        effect = node.kind.awaitable(node.data, ctx) if diverted is None and rt.async_steps else None
+        if effect is not None and rt.async_steps is not None:
+            faults.point("before_effect", step_id, run_id)
+            settle = _Settle(rt, claim, step_id, generation, program, policy, limit_s, paused, after)
+            rt.async_steps.submit(effect, run_id=run_id, generation=generation, limit_s=limit_s,
+                                  finish=settle.awaited)
+            return StepResult(AWAITING)
+        outcome = diverted or _run_node(rt, claim.run, node, ctx, generation, limit_s)
+    except (LeaseLost, LeaseGone, TimeLimitReached, Exception) as exc:
+        outcome = exc
+    return _Settle(rt, claim, step_id, generation, program, policy, limit_s, paused).settle(outcome)
+
+
+@dataclass(frozen=True)
+class _Settle:
+    """What becomes of a claimed attempt once its node has run: completed, parked, retried or failed."""
+
+    rt: Runtime
+    claim: Claim
+    step_id: str
+    generation: int
+    program: Program
+    policy: retry.RetryPolicy
+    limit_s: float
+    paused: int  # attempts that were claimed but never ran their node (an approved budget pause)
+    after: Callable[[StepResult], object] | None = None
+
+    def awaited(self, outcome: Any) -> None:
+        """The end of an effect that ran on the event loop (pal.engine.async_steps)."""
+        assert self.claim.run is not None
+        faults.point("after_effect", self.step_id, self.claim.run.id)
+        if not isinstance(outcome, BaseException):
+            try:
+                outcome = _checked(self.rt, self.claim.run, outcome)
+            except Exception as exc:
+                outcome = exc
+        result = self.settle(outcome)
+        if self.after is not None:
+            self.after(result)
+
+    def settle(self, outcome: NodeResult | Park | BaseException) -> StepResult:
+        rt, claim, step_id, generation = self.rt, self.claim, self.step_id, self.generation
+        assert claim.run is not None
+        run_id = claim.run.id
+        if isinstance(outcome, LeaseLost | LeaseGone):
+            log.warning("run %s step %s: fenced out (generation %d)", run_id, step_id, generation)
+            return StepResult("fenced")
+        if isinstance(outcome, TimeLimitReached):
+            exc: BaseException = StepTimeout(
+                f"the step ran past its time limit of {self.limit_s:g}s and was stopped")
+            exc.__cause__ = outcome  # its traceback shows where the step's code was when it was stopped
+            return _failed(rt, run_id, step_id, claim.attempt, generation, exc, self.policy,
+                           claim.run.parent_run_id, self.paused)
+        if isinstance(outcome, BaseException):  # a node's failure is data for the journal
+            exc = outcome
+            if isinstance(exc, TypeError | ValueError) and "JSON" in str(exc):
+                not_json = PalError(f"step {step_id!r} returned a value that is not JSON: {exc}")
+                not_json.__cause__ = exc  # the journaled traceback is the encoder's
+                exc = not_json
+            return _failed(rt, run_id, step_id, claim.attempt, generation, exc, self.policy,
+                           claim.run.parent_run_id, self.paused)
+        if isinstance(outcome, Park):
+            # Outside the node's failure handling: a journal error here is not the node's failure (a
+            # retry would start a second child); the lease lapses and a re-drive parks the same attempt.
+            return _park(rt, claim.run, step_id, claim.attempt, generation, outcome, self.program)
+        watch_usage(rt, claim.run, step_id, generation, outcome.usage)
+        return _complete(rt, claim.run, step_id, claim.attempt, generation, outcome, self.program)
 
 
 def _input(run: RunRecord) -> Any:
@@ -210,6 +277,11 @@ def _run_node(rt: Runtime, run: RunRecord, node: Node, ctx: StepContext, generat
         faults.point("before_effect", ctx.step_id, run.id)
         raw = node.kind.execute(node.data, ctx)
         faults.point("after_effect", ctx.step_id, run.id)
+    return _checked(rt, run, raw)
+
+
+def _checked(rt: Runtime, run: RunRecord, raw: Any) -> NodeResult | Park:
+    """A node's return value as a result, checked (JSON, size, depth) and scrubbed of secrets."""
     result: NodeResult | Park = raw if isinstance(raw, NodeResult | Park) else NodeResult(raw)
     if isinstance(result, NodeResult):
         _check_output(result.output, rt.settings)

@@ -118,6 +118,16 @@ class StepSpan:
     def __init__(self, span: trace.Span) -> None:
         self.span = span
 
+    @contextmanager
+    def current(self) -> Iterator[None]:
+        """The span is the current one while the block runs (a model call's events reach it)."""
+        with trace.use_span(self.span, end_on_exit=False, record_exception=False,
+                            set_status_on_exception=True):
+            yield
+
+    def end(self) -> None:
+        self.span.end()
+
     def finish(self, outcome: str, usage: Usage | None = None,
                error: Mapping[str, Any] | None = None) -> None:
         self.span.set_attribute("pal.step.outcome", outcome)
@@ -155,21 +165,19 @@ class Tracing:
         parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=SAMPLED)
         return trace.set_span_in_context(trace.NonRecordingSpan(parent))
 
-    @contextmanager
-    def step(self, run: RunRecord, step_id: str, attempt: int, generation: int, node_type: str,
-             data: Mapping[str, Any], sent_at: float | None = None) -> Iterator[StepSpan]:
-        """A span for one claimed attempt, under its generation's root; `sent_at`, when its message
-        was published (or due), gives its queue wait (clocks of different hosts may differ)."""
+    def start_step(self, run: RunRecord, step_id: str, attempt: int, generation: int, node_type: str,
+                   data: Mapping[str, Any], sent_at: float | None = None) -> StepSpan:
+        """A span for one claimed attempt, under its generation's root, started and not yet ended
+        (an awaited step's ends on a finisher thread); `sent_at`, when its message was published
+        (or due), gives its queue wait (clocks of different hosts may differ)."""
         name, kind, extra = _span_name(node_type, data)
         if sent_at is not None:
             extra["pal.step.queue_wait_s"] = round(max(0.0, time.time() - sent_at), 6)
         attributes = {"pal.run.id": run.id, "pal.step.id": step_id, "pal.step.attempt": attempt,
                       "pal.run.generation": generation, "pal.node.type": node_type,
                       "pal.graph.sha256": run.graph_hash or "", "pal.run.tier": run.kind, **extra}
-        with self.tracer.start_as_current_span(name, context=self.root_context(run.id, generation), kind=kind,
-                                               attributes=attributes, record_exception=False,
-                                               set_status_on_exception=True) as span:
-            yield StepSpan(span)
+        return StepSpan(self.tracer.start_span(name, context=self.root_context(run.id, generation), kind=kind,
+                                               attributes=attributes, record_exception=False))
 
     def reported_step(self, run: RunRecord, step_id: str, attempt: int, generation: int, started: datetime,
                       ended: datetime, *, outcome: str, vm_id: str) -> None:

@@ -7,7 +7,8 @@ again (the completed-step check of the step protocol; docs/specification.md, Rep
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from abc import abstractmethod
+from collections.abc import Coroutine, Mapping
 from decimal import Decimal
 from typing import Any, ClassVar
 
@@ -25,6 +26,31 @@ def call_model(ctx: StepContext, provider_name: str, request: ModelRequest) -> N
     services = ctx.need_services()
     response = services.provider(provider_name).complete(request, ctx.idempotency_key)
     return priced_result(ctx, provider_name, request.model, response)
+
+
+class ModelCall(NodeKind):
+    """A node whose effect is one model call: awaited on the provider's async client where the
+    provider has one (a worker's event loop), else called in the worker's thread."""
+
+    @abstractmethod
+    def request(self, data: Mapping[str, Any], ctx: StepContext) -> ModelRequest:
+        """The call this node makes, rendered from its data and the run so far."""
+
+    def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:
+        return call_model(ctx, str(data.get("provider", DEFAULT_PROVIDER)), self.request(data, ctx))
+
+    def awaitable(self, data: Mapping[str, Any], ctx: StepContext) -> Coroutine[Any, Any, Any] | None:
+        name = str(data.get("provider", DEFAULT_PROVIDER))
+        provider = ctx.need_services().provider(name)
+        if not provider.speaks_async:
+            return None
+        request = self.request(data, ctx)
+
+        async def call() -> NodeResult:
+            response = await provider.acomplete(request, ctx.idempotency_key)
+            return priced_result(ctx, name, request.model, response)
+
+        return call()
 
 
 def priced_result(ctx: StepContext, provider_name: str, asked_model: str,
@@ -60,7 +86,7 @@ def script_of(data: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
     raise StepError("data field 'script' must be a list of objects")
 
 
-class AiStep(NodeKind):
+class AiStep(ModelCall):
     type_name = "ai-step"
     gateable: ClassVar[bool] = True  # the confidence gate may stand before its effect
     fields: ClassVar[Mapping[str, Field]] = {
@@ -77,10 +103,10 @@ class AiStep(NodeKind):
     def validate(self, data: Mapping[str, Any], known_tools: frozenset[str] | None) -> list[str]:
         return super().validate(data, known_tools) + provider_problems(data)
 
-    def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:
+    def request(self, data: Mapping[str, Any], ctx: StepContext) -> ModelRequest:
         prompt = ctx.render(data["prompt"])
         system = ctx.render(data["system"]) if data.get("system") else None
-        request = ModelRequest(
+        return ModelRequest(
             model=str(data.get("model", DEFAULT_MODEL)),
             messages=({"role": "user", "content": str(prompt)},),
             system=str(system) if system is not None else None,
@@ -88,7 +114,6 @@ class AiStep(NodeKind):
             temperature=data.get("temperature"),
             script=script_of(data),
         )
-        return call_model(ctx, str(data.get("provider", DEFAULT_PROVIDER)), request)
 
 
-__all__ = ["AiStep", "ToolSpec", "call_model"]
+__all__ = ["AiStep", "ModelCall", "ToolSpec", "call_model"]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from pal.core import retry, templates
 from pal.core.confidence import confidence_problems
@@ -17,6 +18,8 @@ from pal.core.views import AsNodeOutputs
 
 if TYPE_CHECKING:
     from pal.providers import Provider
+
+T = TypeVar("T")
 
 
 def idempotency_key(run_id: str, step_id: str, attempt: int) -> str:
@@ -180,6 +183,18 @@ class NodeKind(ABC):
     @abstractmethod
     def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:
         """Run the node's effect and return its JSON output."""
+
+    def awaitable(self, data: Mapping[str, Any], ctx: StepContext) -> Coroutine[Any, Any, Any] | None:
+        """The node's effect as a coroutine, when it has one (an `async def` tool, a provider's
+        async client): a worker awaits it on its event loop, holding no thread while it waits.
+        None: the effect is `execute`, run in the worker's thread."""
+        return None
+
+
+def run_to_end(effect: Coroutine[Any, Any, T]) -> T:
+    """An awaitable effect run where no event loop serves it (a step run in a thread of its own):
+    on a loop of its own, in this thread."""
+    return asyncio.run(effect)
 
 
 def _is_instance(value: Any, types: tuple[type, ...]) -> bool:

@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pal.nodes.ai_step import DEFAULT_MODEL, DEFAULT_PROVIDER, call_model, script_of
-from pal.nodes.base import NodeKind, StepContext
+from pal.nodes.ai_step import DEFAULT_MODEL, ModelCall, script_of
+from pal.nodes.base import NodeKind, StepContext, run_to_end
 from pal.providers import ModelRequest, ToolSpec
 from pal.tools import describe_tool, get_tool
 
@@ -40,21 +40,20 @@ def conversation(prompt: str, outputs: Mapping[str, Any], upto: int) -> tuple[di
     return tuple(messages)
 
 
-class LlmTurn(NodeKind):
+class LlmTurn(ModelCall):
     type_name = "llm-turn"
 
-    def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:
+    def request(self, data: Mapping[str, Any], ctx: StepContext) -> ModelRequest:
         prompt = str(ctx.render(data.get("prompt", "")))
         system = ctx.render(data["system"]) if data.get("system") else None
         tools = tuple(ToolSpec(**describe_tool(name)) for name in data.get("tools", []))
-        request = ModelRequest(
+        return ModelRequest(
             model=str(data.get("model", DEFAULT_MODEL)),
             messages=conversation(prompt, ctx.outputs, int(data["turn"])),
             system=str(system) if system is not None else None, tools=tools,
             max_tokens=int(data.get("maxTokens", 1024)), temperature=data.get("temperature"),
             script=script_of(data),
         )
-        return call_model(ctx, str(data.get("provider", DEFAULT_PROVIDER)), request)
 
 
 class LlmTool(NodeKind):
@@ -73,4 +72,5 @@ class LlmTool(NodeKind):
             inspect.signature(function).bind(**arguments)
         except TypeError as exc:  # wrong argument names: the model's to fix, like an unknown tool
             return {"error": f"bad arguments for {name!r}: {exc}"}
-        return function(**arguments)
+        result = function(**arguments)
+        return run_to_end(result) if inspect.iscoroutine(result) else result

@@ -1,12 +1,14 @@
-"""`tool`: call a Python function registered with @pal.tool, with rendered keyword arguments."""
+"""`tool`: call a Python function registered with @pal.tool, with rendered keyword arguments (an
+`async def` tool is awaited on the worker's event loop)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Coroutine, Mapping
 from typing import Any, ClassVar
 
 from pal.errors import ToolError
-from pal.nodes.base import Field, NodeKind, StepContext
+from pal.nodes.base import Field, NodeKind, StepContext, run_to_end
 from pal.tools import get_tool
 
 
@@ -28,6 +30,17 @@ class Tool(NodeKind):
         return problems
 
     def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:
+        result = self._call(data, ctx)
+        return run_to_end(result) if inspect.iscoroutine(result) else result
+
+    def awaitable(self, data: Mapping[str, Any], ctx: StepContext) -> Coroutine[Any, Any, Any] | None:
+        if not inspect.iscoroutinefunction(get_tool(str(data["tool"]))):
+            return None
+        effect: Coroutine[Any, Any, Any] = self._call(data, ctx)
+        return effect
+
+    def _call(self, data: Mapping[str, Any], ctx: StepContext) -> Any:
+        """The tool called with its rendered arguments: its value, or an `async def` tool's coroutine."""
         function = get_tool(str(data["tool"]))
         args = ctx.render(data.get("args", {}))
         if not isinstance(args, dict):

@@ -12,7 +12,7 @@ from typing import Any
 import anthropic
 
 from pal.errors import ProviderError, ProviderTimeout
-from pal.providers.base import ModelRequest, ModelResponse, Provider
+from pal.providers.base import AsyncClients, ModelRequest, ModelResponse, Provider
 
 
 def _messages(request: ModelRequest) -> list[dict[str, Any]]:
@@ -39,38 +39,61 @@ def _messages(request: ModelRequest) -> list[dict[str, Any]]:
 
 class AnthropicProvider(Provider):
     name = "anthropic"
+    speaks_async = True
 
     def __init__(self, *, api_key: str | None, base_url: str | None, timeout: float) -> None:
-        self._client = anthropic.Anthropic(api_key=api_key or "unset", base_url=base_url,
-                                           timeout=timeout, max_retries=0)
+        options: dict[str, Any] = {"api_key": api_key or "unset", "base_url": base_url, "timeout": timeout,
+                                   "max_retries": 0}
+        self._client = anthropic.Anthropic(**options)
+        self._async = AsyncClients(lambda: anthropic.AsyncAnthropic(**options))
 
     def complete(self, request: ModelRequest, idempotency_key: str) -> ModelResponse:
-        kwargs: dict[str, Any] = {"model": request.model, "messages": _messages(request),
-                                  "max_tokens": request.max_tokens}
-        if request.system:
-            kwargs["system"] = request.system
-        if request.temperature is not None:
-            # This SDK release has no `temperature` argument; the API takes it in the body.
-            kwargs["extra_body"] = {"temperature": request.temperature}
-        if request.tools:
-            kwargs["tools"] = [{"name": t.name, "description": t.description,
-                                "input_schema": t.parameters} for t in request.tools]
         try:
             reply = self._client.messages.create(
-                **kwargs, extra_headers={"Idempotency-Key": idempotency_key})
-        except anthropic.APITimeoutError as exc:
-            raise ProviderTimeout(f"anthropic: no answer in time: {exc}") from exc
+                **_arguments(request), extra_headers={"Idempotency-Key": idempotency_key})
         except anthropic.APIError as exc:
-            raise ProviderError(f"anthropic: {type(exc).__name__}: {exc}") from exc
-        texts, calls = [], []
-        for block in reply.content:
-            if block.type == "text":
-                texts.append(block.text)
-            elif block.type == "tool_use":
-                calls.append({"id": block.id, "name": block.name,
-                              "arguments": json.loads(json.dumps(block.input))})
-        return ModelResponse(
-            text="".join(texts), model=reply.model or request.model,
-            input_tokens=reply.usage.input_tokens, output_tokens=reply.usage.output_tokens,
-            tool_calls=tuple(calls), stop_reason=reply.stop_reason,
-        )
+            raise _failure(exc) from exc
+        return _response(reply, request)
+
+    async def acomplete(self, request: ModelRequest, idempotency_key: str) -> ModelResponse:
+        try:
+            reply = await self._async.client().messages.create(
+                **_arguments(request), extra_headers={"Idempotency-Key": idempotency_key})
+        except anthropic.APIError as exc:
+            raise _failure(exc) from exc
+        return _response(reply, request)
+
+
+def _arguments(request: ModelRequest) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"model": request.model, "messages": _messages(request),
+                              "max_tokens": request.max_tokens}
+    if request.system:
+        kwargs["system"] = request.system
+    if request.temperature is not None:
+        # This SDK release has no `temperature` argument; the API takes it in the body.
+        kwargs["extra_body"] = {"temperature": request.temperature}
+    if request.tools:
+        kwargs["tools"] = [{"name": t.name, "description": t.description,
+                            "input_schema": t.parameters} for t in request.tools]
+    return kwargs
+
+
+def _failure(exc: anthropic.APIError) -> ProviderError:
+    if isinstance(exc, anthropic.APITimeoutError):
+        return ProviderTimeout(f"anthropic: no answer in time: {exc}")
+    return ProviderError(f"anthropic: {type(exc).__name__}: {exc}")
+
+
+def _response(reply: Any, request: ModelRequest) -> ModelResponse:
+    texts, calls = [], []
+    for block in reply.content:
+        if block.type == "text":
+            texts.append(block.text)
+        elif block.type == "tool_use":
+            calls.append({"id": block.id, "name": block.name,
+                          "arguments": json.loads(json.dumps(block.input))})
+    return ModelResponse(
+        text="".join(texts), model=reply.model or request.model,
+        input_tokens=reply.usage.input_tokens, output_tokens=reply.usage.output_tokens,
+        tool_calls=tuple(calls), stop_reason=reply.stop_reason,
+    )

@@ -8,9 +8,14 @@ Messages are plain JSON so they can be journaled and rebuilt on replay:
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
+
+C = TypeVar("C")
 
 
 @dataclass(frozen=True)
@@ -51,10 +56,31 @@ class Provider(ABC):
     replayed call of the same step attempt is de-duplicated by the provider."""
 
     name: str
+    speaks_async: ClassVar[bool] = False  # has `acomplete`, awaited on a worker's event loop
 
     @abstractmethod
     def complete(self, request: ModelRequest, idempotency_key: str) -> ModelResponse:
         """Call the model once; raise ProviderError / ProviderTimeout on failure."""
+
+    async def acomplete(self, request: ModelRequest, idempotency_key: str) -> ModelResponse:
+        """`complete`, awaited (a provider that `speaks_async`)."""
+        raise NotImplementedError(f"provider {self.name!r} has no async client")
+
+
+class AsyncClients(Generic[C]):
+    """An SDK's async client, one per event loop: its connections are bound to the loop that
+    opened them, and reused by every step awaited on that loop."""
+
+    def __init__(self, make: Callable[[], C]) -> None:
+        self._make = make
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, C] = weakref.WeakKeyDictionary()
+
+    def client(self) -> C:
+        loop = asyncio.get_running_loop()
+        found = self._clients.get(loop)
+        if found is None:
+            found = self._clients[loop] = self._make()
+        return found
 
 
 def last_user_text(messages: tuple[dict[str, Any], ...]) -> str:

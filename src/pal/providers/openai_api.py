@@ -1,7 +1,8 @@
 """`openai`: the OpenAI Chat Completions API through the official SDK.
 
-The SDK's own retries are off (max_retries=0): retries are PAL's per-step policy, journaled. The
-API key comes from OPENAI_API_KEY and only ever travels in the Authorization header.
+Steps on a worker's event loop use the SDK's async client (one per loop, its connections reused
+across steps). The SDK's own retries are off (max_retries=0): retries are PAL's per-step policy,
+journaled. The API key comes from OPENAI_API_KEY and only ever travels in the Authorization header.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 import openai
 
 from pal.errors import ProviderError, ProviderTimeout
-from pal.providers.base import ModelRequest, ModelResponse, Provider
+from pal.providers.base import AsyncClients, ModelRequest, ModelResponse, Provider
 
 
 def _messages(request: ModelRequest) -> list[dict[str, Any]]:
@@ -34,43 +35,66 @@ def _messages(request: ModelRequest) -> list[dict[str, Any]]:
 
 class OpenAIProvider(Provider):
     name = "openai"
+    speaks_async = True
 
     def __init__(self, *, api_key: str | None, base_url: str | None, timeout: float) -> None:
-        self._client = openai.OpenAI(api_key=api_key or "unset", base_url=base_url, timeout=timeout,
-                                     max_retries=0)
+        options: dict[str, Any] = {"api_key": api_key or "unset", "base_url": base_url, "timeout": timeout,
+                                   "max_retries": 0}
+        self._client = openai.OpenAI(**options)
+        self._async = AsyncClients(lambda: openai.AsyncOpenAI(**options))
 
     def complete(self, request: ModelRequest, idempotency_key: str) -> ModelResponse:
-        # max_completion_tokens: the name every current chat model accepts (reasoning models
-        # refuse the older max_tokens).
-        kwargs: dict[str, Any] = {"model": request.model, "messages": _messages(request),
-                                  "max_completion_tokens": request.max_tokens}
-        if request.temperature is not None:
-            kwargs["temperature"] = request.temperature
-        if request.logprobs:
-            kwargs["logprobs"] = True
-        if request.tools:
-            kwargs["tools"] = [{"type": "function", "function": t.as_dict()} for t in request.tools]
         try:
             reply = self._client.chat.completions.create(
-                **kwargs, extra_headers={"Idempotency-Key": idempotency_key})
-        except openai.APITimeoutError as exc:
-            raise ProviderTimeout(f"openai: no answer in time: {exc}") from exc
+                **_arguments(request), extra_headers={"Idempotency-Key": idempotency_key})
         except openai.APIError as exc:
-            raise ProviderError(f"openai: {type(exc).__name__}: {exc}") from exc
-        choice = reply.choices[0]
+            raise _failure(exc) from exc
+        return _response(reply, request)
+
+    async def acomplete(self, request: ModelRequest, idempotency_key: str) -> ModelResponse:
         try:
-            calls = tuple(
-                {"id": c.id, "name": c.function.name, "arguments": json.loads(c.function.arguments or "{}")}
-                for c in (choice.message.tool_calls or []) if getattr(c, "function", None) is not None
-            )
-        except json.JSONDecodeError as exc:
-            raise ProviderError(f"openai: a tool call's arguments are not JSON: {exc}") from exc
-        usage = reply.usage
-        tokens = choice.logprobs.content if choice.logprobs is not None else None
-        return ModelResponse(
-            logprob=tokens[0].logprob if tokens else None,
-            text=choice.message.content or "", model=reply.model or request.model,
-            input_tokens=usage.prompt_tokens if usage else 0,
-            output_tokens=usage.completion_tokens if usage else 0,
-            tool_calls=calls, stop_reason=choice.finish_reason,
+            reply = await self._async.client().chat.completions.create(
+                **_arguments(request), extra_headers={"Idempotency-Key": idempotency_key})
+        except openai.APIError as exc:
+            raise _failure(exc) from exc
+        return _response(reply, request)
+
+
+def _arguments(request: ModelRequest) -> dict[str, Any]:
+    # max_completion_tokens: the name every current chat model accepts (reasoning models
+    # refuse the older max_tokens).
+    kwargs: dict[str, Any] = {"model": request.model, "messages": _messages(request),
+                              "max_completion_tokens": request.max_tokens}
+    if request.temperature is not None:
+        kwargs["temperature"] = request.temperature
+    if request.logprobs:
+        kwargs["logprobs"] = True
+    if request.tools:
+        kwargs["tools"] = [{"type": "function", "function": t.as_dict()} for t in request.tools]
+    return kwargs
+
+
+def _failure(exc: openai.APIError) -> ProviderError:
+    if isinstance(exc, openai.APITimeoutError):
+        return ProviderTimeout(f"openai: no answer in time: {exc}")
+    return ProviderError(f"openai: {type(exc).__name__}: {exc}")
+
+
+def _response(reply: Any, request: ModelRequest) -> ModelResponse:
+    choice = reply.choices[0]
+    try:
+        calls = tuple(
+            {"id": c.id, "name": c.function.name, "arguments": json.loads(c.function.arguments or "{}")}
+            for c in (choice.message.tool_calls or []) if getattr(c, "function", None) is not None
         )
+    except json.JSONDecodeError as exc:
+        raise ProviderError(f"openai: a tool call's arguments are not JSON: {exc}") from exc
+    usage = reply.usage
+    tokens = choice.logprobs.content if choice.logprobs is not None else None
+    return ModelResponse(
+        logprob=tokens[0].logprob if tokens else None,
+        text=choice.message.content or "", model=reply.model or request.model,
+        input_tokens=usage.prompt_tokens if usage else 0,
+        output_tokens=usage.completion_tokens if usage else 0,
+        tool_calls=calls, stop_reason=choice.finish_reason,
+    )

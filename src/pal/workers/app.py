@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery
@@ -9,6 +10,7 @@ from celery.signals import worker_process_shutdown, worker_shutdown
 
 from pal.config import DEFAULT_VISIBILITY_TIMEOUT_SECONDS, Settings
 from pal.core.redact import install_log_redaction
+from pal.engine.async_steps import AsyncSteps
 from pal.engine.runtime import Runtime
 from pal.storage.private_files import private_folder
 from pal.workers.beat import schedule_of
@@ -18,6 +20,8 @@ from pal.workers.publishing import TakenBack, publisher_of
 from pal.workers.redis_transport import TRANSPORT as REDIS_TRANSPORT
 from pal.workers.task_names import EXECUTE_NODE, SPAWN_VM
 from pal.workers.tasks import register_tasks
+
+log = logging.getLogger(__name__)
 
 
 class PalCelery(Celery):  # type: ignore[misc]
@@ -91,12 +95,17 @@ def create_app(settings: Settings) -> PalCelery:
 
     publish, publish_batch = publisher_of(app, settings.queue, node_publisher)
     app.runtime = Runtime(settings, publish, publish_batch)
+    app.runtime.async_steps = AsyncSteps(settings.async_steps, app.runtime.leases)
     if node_publisher is not None:
         app.runtime.own_messages = TakenBack(app, node_publisher)
     app.runtime.publish_vm = lambda vm_id: app.send_task(SPAWN_VM, args=[vm_id], queue=settings.vm_queue)
     register_tasks(app)
 
     def flush_traces(**_: Any) -> None:  # a worker (or pool child) stopping exports its batched spans
+        # Awaited steps in flight finish and journal first, within a lease's time; the rest lapse
+        # and the sweep re-drives them.
+        if app.runtime.async_steps is not None and not app.runtime.async_steps.drain(settings.lease_ttl):
+            log.warning("pal worker: stopping with awaited steps in flight; the orphan sweep re-drives them")
         tracing = app.runtime.__dict__.get("tracing")  # only if this process made one
         if tracing is not None:
             tracing.shutdown()

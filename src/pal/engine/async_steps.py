@@ -1,0 +1,126 @@
+"""Steps whose effect is awaited: one event loop per worker process runs them, so a step that waits
+on a model or an HTTP call holds no worker slot, no thread and no Postgres connection.
+
+The worker's thread claims the step (the journal's claim) and hands its effect, a coroutine, to
+`AsyncSteps.submit`; the Celery task then ends and the worker takes its next message. The lease
+keeper renews the run's lease while the coroutine runs. When it ends, a few finisher threads journal
+the outcome (the completion, a retry, the failure) and hand off to the successors, exactly as a step
+run in the worker's own thread does. A crash in between loses nothing: the lease lapses and the
+orphan sweep re-drives the step, whose attempt was never completed.
+
+`submit` blocks the worker's thread while `limit` effects are in flight: the broker keeps the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pal.engine.heartbeat import STOP_GRACE_SECONDS, LeaseGone, LeaseKeeper, TimeLimitReached
+
+log = logging.getLogger(__name__)
+
+Finish = Callable[[Any], None]
+"""finish(outcome): journal the effect's result, or the BaseException it ended with."""
+
+FINISHER_THREADS = 4  # journal calls are short; more threads would only contend for the GIL
+
+
+class AsyncSteps:
+    def __init__(self, limit: int, leases: LeaseKeeper) -> None:
+        self.limit, self._leases = limit, leases
+        self._start()
+
+    def _start(self) -> None:
+        self._pid = os.getpid()
+        self._slots = threading.BoundedSemaphore(self.limit)
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._finishers: ThreadPoolExecutor | None = None
+        self._in_flight = 0
+        self._idle = threading.Condition(self._lock)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def submit(self, effect: Coroutine[Any, Any, Any], *, run_id: str, generation: int, limit_s: float,
+               finish: Finish) -> None:
+        """Run `effect` on the loop under the run's lease and the step's time limit, then `finish`
+        its outcome on a finisher thread. Blocks while `limit` effects are in flight."""
+        if self._pid != os.getpid():  # a forked pool process: the parent's loop is not here
+            self._start()
+        self._slots.acquire()
+        with self._lock:
+            self._in_flight += 1
+        try:
+            loop = self._running_loop()
+            asyncio.run_coroutine_threadsafe(self._run(effect, run_id, generation, limit_s, finish), loop)
+        except BaseException:
+            effect.close()
+            self._release()
+            raise
+
+    def drain(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for the effects in flight to finish and journal (a worker's
+        warm shutdown); False when some are still running (their leases lapse, the sweep re-drives)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="pal-async-steps", daemon=True).start()
+                self._finishers = ThreadPoolExecutor(FINISHER_THREADS, thread_name_prefix="pal-finish")
+                self._loop = loop
+            return self._loop
+
+    async def _run(self, effect: Coroutine[Any, Any, Any], run_id: str, generation: int, limit_s: float,
+                   finish: Finish) -> None:
+        task = asyncio.ensure_future(effect)
+        loop = asyncio.get_running_loop()
+        gone = threading.Event()
+
+        def on_gone() -> None:  # from the lease keeper's thread
+            gone.set()
+            loop.call_soon_threadsafe(task.cancel)
+
+        token = self._leases.watch(run_id, generation, on_gone)
+        outcome: Any
+        try:
+            outcome = await asyncio.wait_for(task, limit_s + STOP_GRACE_SECONDS)
+        except TimeoutError as exc:
+            stopped = TimeLimitReached()
+            stopped.__cause__ = exc
+            outcome = stopped
+        except asyncio.CancelledError:
+            if not gone.is_set():
+                self._leases.unwatch(token)
+                self._release()
+                raise  # the loop itself is stopping
+            outcome = LeaseGone()
+        except Exception as exc:  # the node's failure: data for the journal
+            outcome = exc
+        self._leases.unwatch(token)
+        assert self._finishers is not None
+        self._finishers.submit(self._finish, finish, outcome)
+
+    def _finish(self, finish: Finish, outcome: Any) -> None:
+        try:
+            finish(outcome)
+        except Exception:  # the lease lapses and the sweep re-drives the step
+            log.exception("an awaited step's outcome was not journaled; the sweep re-drives it")
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            self._idle.notify_all()
+        self._slots.release()
