@@ -16,6 +16,8 @@ Runs, one after the other on the local Postgres and Redis (127.0.0.1 only), each
   bench/sse.py         SSE latency against clients polling the journal
   bench/traces.py      PAL with tracing off and exporting OTLP to a local collector, in turn
   bench/handoff.py     hand-off latency p50/p99 (linear, concurrent) and a 200-branch fan-out
+  bench/agents_compare.py  agent-shaped load: 1,000 runs of 3 model calls (a stand-in answering
+                       after 1 s) on PAL's set-ups and LangGraph in turn, then 10,000 runs at once
 Ratios are PAL / peer, both measured in this run; medians over --reps repetitions.
 """
 
@@ -37,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import cpu  # noqa: E402
+from bench import agents_compare, cpu  # noqa: E402
 
 DOC = REPO / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- make bench: begin -->", "<!-- make bench: end -->"
@@ -259,7 +261,8 @@ def report(results: dict[str, dict[str, Any] | None], reps: int, quick: bool) ->
              *cpu_rows(results.get("throughput")), "",
              *measure_rows(*(results.get(k) or {} for k in ("scale", "recovery", "sse"))), "",
              *trace_lines(results.get("traces")), "",
-             *handoff_lines(results.get("handoff"))]
+             *handoff_lines(results.get("handoff")), "",
+             *agents_compare.report_lines(results.get("agents_compare"))]
     failed = failed_scripts(results)
     if failed:
         lines += ["", f"Did not produce results in this run: {', '.join(failed)} (see the run's output)."]
@@ -349,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     plan: list[tuple[str, list[str]]] = [
         ("scale", sized), ("recovery", ["--kills", "5" if args.quick else "20"]),
         ("sse", ["--subscribers", "20" if args.quick else "100"]), ("traces", sized), ("handoff", sized),
+        ("agents_compare", ["--quick"] if args.quick else ["--reps", str(reps)]),
     ]
     with tempfile.TemporaryDirectory(prefix="palbench-all-") as folder:
         results = interleaved(reps, args.quick, Path(folder))

@@ -36,8 +36,8 @@ class ModelStandIn:
             return
         if scope["method"] == "GET" and scope["path"] == "/stats":
             twice = sum(1 for n in self.keys.values() if n > 1)
-            await _answer(send, 200, {"requests": self.requests, "keys": len(self.keys), "repeated_keys": twice,
-                                      "most_in_flight": self.most_in_flight})
+            await _answer(send, 200, {"requests": self.requests, "keys": len(self.keys),
+                                      "repeated_keys": twice, "most_in_flight": self.most_in_flight})
             return
         body = b""
         while True:
@@ -68,14 +68,16 @@ class ModelStandIn:
 async def _answer(send: Send, status: int, payload: dict[str, Any]) -> None:
     data = json.dumps(payload).encode()
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
     await send({"type": "http.response.body", "body": data})
 
 
 def main() -> None:
     import uvicorn
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--delay", type=float, default=1.0)
     args = parser.parse_args()

@@ -11,9 +11,11 @@ logs and stand-in servers show how often each effect happened.
 Effects a kill may repeat, by design (docs/guarantees.md): a plain tool or a model call killed
 after it returned and before `step_completed` committed runs again (a model call with the same
 Idempotency-Key). A delivery is never repeated: a kill between its receipt claim and its
-confirmation fails the step as in doubt. A kill ends every step in flight in its process (a
-model call awaited on its event loop beside the cell's own): such a loss shows as one more
-recovery of that run, and may repeat its re-invocable effect once more.
+confirmation fails the step as in doubt.
+
+The workers run model calls awaited on their event loops (pal.engine.async_steps), each pool
+process one step at a time (PAL_ASYNC_STEPS=1): a kill then cuts off its cell's step only, so each
+cell's figures are its own kill's (tests/e2e/test_awaited_steps.py kills hundreds at once).
 """
 
 from __future__ import annotations
@@ -179,7 +181,8 @@ def matrix(module_backend: Backend, tmp_path_factory: pytest.TempPathFactory) ->
         procs.common |= {"PAL_OPENAI_BASE_URL": model.openai_base_url, "OPENAI_API_KEY": "sk-test",
                          "PAL_SMTP_URL": f"smtp://{smtp.host}:{smtp.port}"}
         worker_targets = [c.target for c in CELLS if not c.decided_by_cli]
-        armed = {"PAL_FAULT_POINT": ",".join(worker_targets), "PAL_FAULT_ONCE_FILE": str(markers)}
+        armed = {"PAL_FAULT_POINT": ",".join(worker_targets), "PAL_FAULT_ONCE_FILE": str(markers),
+                 "PAL_ASYNC_STEPS": "1"}
         try:
             for name in ("w1", "w2"):
                 procs.worker(name, concurrency=3, **armed)
@@ -253,12 +256,7 @@ def test_cell(matrix: Matrix, cell: Cell) -> None:
     assert outcome.fired, f"{cell.target} never fired"
     assert outcome.violations == []
     assert outcome.status == status, outcome
-    # A process runs many awaited steps at once (model calls on its event loop), so a kill aimed at
-    # one cell may cut off another's call too: each such extra loss is one more recovery, and may
-    # repeat a re-invocable effect once more (a model call under the same Idempotency-Key).
-    extra = max(outcome.recovered - 1, 0) if cell.point != "after_retry_commit" else 0
-    repeatable = cell.kind in ("tool", "ai-step", "loop")
-    assert effects <= outcome.effects <= effects + (extra if repeatable else 0), outcome
+    assert outcome.effects == effects, outcome
     if cell.point == "after_retry_commit":
         # The kill came between step_retrying and the next publish: the next attempt is 2, not 1
         # again (the redelivered message or the sweep may carry it).

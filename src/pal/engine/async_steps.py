@@ -8,7 +8,11 @@ the outcome (the completion, a retry, the failure) and hand off to the successor
 run in the worker's own thread does. A crash in between loses nothing: the lease lapses and the
 orphan sweep re-drives the step, whose attempt was never completed.
 
-`submit` blocks the worker's thread while `limit` effects are in flight: the broker keeps the rest.
+A process runs at most `limit` steps at once (PAL_ASYNC_STEPS), awaited or not: a worker's thread
+takes a slot before it claims a step (`slot`) and waits while none is free (the broker keeps the
+rest); an awaited effect takes the slot over until its outcome is journaled. A finisher may run the
+step its completion made ready and claimed (pal.engine.steps, a chain of model calls): that step
+takes over the finished one's slot, so a finisher never waits for one.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 from pal.engine.heartbeat import STOP_GRACE_SECONDS, LeaseGone, LeaseKeeper, TimeLimitReached
@@ -44,6 +49,7 @@ class AsyncSteps:
         self._finishers: ThreadPoolExecutor | None = None
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
+        self._held = threading.local()  # .slot: this thread holds a slot (`slot`, or a finisher's)
 
     @property
     def in_flight(self) -> int:
@@ -55,9 +61,10 @@ class AsyncSteps:
         its outcome on a finisher thread. Blocks while `limit` effects are in flight."""
         if self._pid != os.getpid():  # a forked pool process: the parent's loop is not here
             self._start()
-        self._slots.acquire()
-        with self._lock:
-            self._in_flight += 1
+        if getattr(self._held, "slot", False):
+            self._held.slot = False  # the effect takes over the slot this thread holds (`slot`)
+        else:
+            self._acquire()
         try:
             loop = self._running_loop()
             asyncio.run_coroutine_threadsafe(self._run(effect, run_id, generation, limit_s, finish), loop)
@@ -65,6 +72,26 @@ class AsyncSteps:
             effect.close()
             self._release()
             raise
+
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        """Hold a slot while this thread claims and runs a step: an awaited effect takes it over
+        (`submit`), else it is freed at the end. So a thread never holds a claimed step while it
+        waits for room on the loop, and a process runs at most `limit` steps at once. Within a
+        held slot (a finisher's, or nested), nothing more is taken."""
+        if self._pid != os.getpid():
+            self._start()
+        if getattr(self._held, "slot", False):
+            yield
+            return
+        self._acquire()
+        self._held.slot = True
+        try:
+            yield
+        finally:
+            if self._held.slot:
+                self._held.slot = False
+                self._release()
 
     def drain(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for the effects in flight to finish and journal (a worker's
@@ -112,12 +139,20 @@ class AsyncSteps:
         self._finishers.submit(self._finish, finish, outcome)
 
     def _finish(self, finish: Finish, outcome: Any) -> None:
+        self._held.slot = True  # the effect's: a step this finisher runs next may take it over
         try:
             finish(outcome)
         except Exception:  # the lease lapses and the sweep re-drives the step
             log.exception("an awaited step's outcome was not journaled; the sweep re-drives it")
         finally:
-            self._release()
+            if self._held.slot:
+                self._held.slot = False
+                self._release()
+
+    def _acquire(self) -> None:
+        self._slots.acquire()
+        with self._lock:
+            self._in_flight += 1
 
     def _release(self) -> None:
         with self._idle:

@@ -81,8 +81,7 @@ def start_run(
     problems = limits_problems(limits)
     if problems:
         raise InputError("; ".join(problems))
-    plan = parse_plan(graph, known_tools=registered_tools(), max_bytes=settings.max_graph_bytes,
-                      max_depth=settings.max_json_depth)
+    plan = rt.validated_plan(graph)
     record, created = rt.journal.create_run(
         run_id=run_id or new_run_id(), tenant_id=tenant_id or settings.tenant, kind=plan.kind,
         graph=plan.document, graph_hash=plan.hash, run_input=run_input, now=utcnow(),

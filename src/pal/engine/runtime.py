@@ -26,13 +26,14 @@ from pal.engine import builtin_tools  # noqa: F401  (registers the built-in tool
 from pal.engine.async_steps import AsyncSteps
 from pal.engine.heartbeat import LeaseKeeper
 from pal.engine.tracing import Tracing, configured
-from pal.errors import PalError
+from pal.errors import GraphError, PalError
+from pal.plan.documents import check_depth
 from pal.plan.interpreter import Program
-from pal.plan.programs import program_of
+from pal.plan.programs import Plan, parse_plan, program_of
 from pal.providers.pricing import load_prices
 from pal.storage.database import shared_engine
 from pal.storage.journal import Journal
-from pal.tools import load_tool_modules
+from pal.tools import load_tool_modules, registered_tools
 
 
 class Publish(Protocol):
@@ -89,6 +90,7 @@ class Runtime:
         # Awaitable effects run on an event loop: a worker's (pal.workers.app); elsewhere in the thread.
         self.async_steps: AsyncSteps | None = None
         self._plans: Lru[str, Program] = Lru(_PLAN_CACHE_SIZE)
+        self._valid_plans: Lru[tuple[str, frozenset[str]], Plan] = Lru(_PLAN_CACHE_SIZE)
         self._uses_secrets: Lru[str, bool] = Lru(_PLAN_CACHE_SIZE)
         self._watch_plans: Lru[str, WatchPlan] = Lru(_PLAN_CACHE_SIZE)
         self._baselines: Lru[tuple[str, str], tuple[float, dict[tuple[str, str], list[float]]]] = Lru(
@@ -145,15 +147,20 @@ class Runtime:
         return {successor: message for successor, message in built if message is not None}
 
     def hand_off(self, run_id: str, step_id: str, successors: Sequence[str], generation: int,
-                 claimed: str | None = None, built: Mapping[str, object] | None = None) -> None:
+                 claimed: str | None = None, built: Mapping[str, object] | None = None,
+                 kept: str | None = None) -> None:
         """Ring the successors of a completed step, only after its completion has committed: a
         crash before (the fault points) leaves a lease that lapses, and the sweep re-drives them.
         `claimed`: the successor whose attempt the completion started for this thread, whose
-        message this thread takes back to run next. `built`: messages `build_hand_off` made."""
+        message this thread takes back to run next. `built`: messages `build_hand_off` made.
+        `kept`: a claimed successor this thread runs next with no message at all (a finisher's
+        chain, pal.engine.async_steps)."""
         faults.point("after_complete_commit", step_id, run_id)
         for successor in successors:
             faults.point("before_publish", step_id, run_id)
             message = built.get(successor) if built else None
+            if successor == kept:
+                continue
             if successor == claimed and self.own_messages is not None:
                 if not self.own_messages.publish_and_take(run_id, successor, generation, built=message):
                     self.journal.drop_claimed_ahead()
@@ -174,6 +181,28 @@ class Runtime:
         if plan is None:
             plan = program_of(run.kind, run.graph)
             self._plans.put(key, plan)
+        return plan
+
+    def validated_plan(self, document: Any) -> Plan:
+        """A new run's plan, validated (parse_plan: GraphError lists every problem); remembered
+        by the document's exact JSON text and the tools registered, so a service that starts the
+        same graph many times validates it once per process."""
+        settings, tools = self.settings, registered_tools()
+        key: str | None = None
+        if isinstance(document, str) and len(document) <= settings.max_graph_bytes:
+            key = document
+        elif isinstance(document, dict):
+            try:  # within the depth limit first: a deeper document is refused by parse_plan
+                check_depth(document, settings.max_json_depth)
+                key = json.dumps(document, sort_keys=True, allow_nan=False)
+            except (GraphError, TypeError, ValueError):
+                key = None
+        plan = self._valid_plans.get((key, tools)) if key is not None else None
+        if plan is None:
+            plan = parse_plan(document, known_tools=tools, max_bytes=settings.max_graph_bytes,
+                              max_depth=settings.max_json_depth)
+            if key is not None and len(key) <= settings.max_graph_bytes:
+                self._valid_plans.put((key, tools), plan)
         return plan
 
     def watch_plan(self, run: RunRecord) -> WatchPlan:

@@ -41,6 +41,7 @@ from pal.nodes import NodeResult, StepContext, idempotency_key
 from pal.nodes.base import Park
 from pal.plan.interpreter import Program
 from pal.plan.model import Node
+from pal.storage.steps import ClaimNext
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,6 +58,7 @@ class StepResult:
     parked: bool = False  # the step waits and nothing else of the run is in flight
     usage: Usage | None = None  # a model call's tokens and cost (for its trace span)
     error: Mapping[str, Any] | None = None  # the failure journaled, retried or final
+    chained: str | None = None  # the successor this completion claimed for this thread to run next
 
 
 class JournalReceipts:
@@ -100,7 +102,15 @@ def step_time_limit(data: Mapping[str, Any], settings: Settings) -> float:
 def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int,
                  sent_at: float | None = None) -> StepResult:
     """Run one step of one run, exactly as one `pal.execute_node` message asks (`sent_at`: when
-    the message was published or due, Unix seconds, for the step span's queue wait)."""
+    the message was published or due, Unix seconds, for the step span's queue wait). A worker
+    process runs at most PAL_ASYNC_STEPS at once (pal.engine.async_steps)."""
+    if rt.async_steps is None:
+        return _execute(rt, run_id, step_id, generation, sent_at)
+    with rt.async_steps.slot():
+        return _execute(rt, run_id, step_id, generation, sent_at)
+
+
+def _execute(rt: Runtime, run_id: str, step_id: str, generation: int, sent_at: float | None) -> StepResult:
     settings, journal = rt.settings, rt.journal
     claim = _once_more_if_disconnected(lambda: journal.claim_step(
         rt.fence(run_id, generation), step_id,
@@ -230,11 +240,13 @@ class _Settle:
                 outcome = _checked(self.rt, self.claim.run, outcome)
             except Exception as exc:
                 outcome = exc
-        result = self.settle(outcome)
+        result = self.settle(outcome, chain=True)
         if self.after is not None:
             self.after(result)
+        if result.chained is not None:  # its claim is this thread's, answered without a statement
+            execute_step(self.rt, self.claim.run.id, result.chained, self.generation)
 
-    def settle(self, outcome: NodeResult | Park | BaseException) -> StepResult:
+    def settle(self, outcome: NodeResult | Park | BaseException, chain: bool = False) -> StepResult:
         rt, claim, step_id, generation = self.rt, self.claim, self.step_id, self.generation
         assert claim.run is not None
         run_id = claim.run.id
@@ -260,7 +272,7 @@ class _Settle:
             # retry would start a second child); the lease lapses and a re-drive parks the same attempt.
             return _park(rt, claim.run, step_id, claim.attempt, generation, outcome, self.program)
         watch_usage(rt, claim.run, step_id, generation, outcome.usage)
-        return _complete(rt, claim.run, step_id, claim.attempt, generation, outcome, self.program)
+        return _complete(rt, claim.run, step_id, claim.attempt, generation, outcome, self.program, chain)
 
 
 def _input(run: RunRecord) -> Any:
@@ -293,15 +305,18 @@ def _checked(rt: Runtime, run: RunRecord, raw: Any) -> NodeResult | Park:
 
 
 def _complete(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: int, result: NodeResult,
-              program: Program) -> StepResult:
-    """Step protocol, phase 3: journal the completion, then (only after it committed) publish."""
+              program: Program, chain: bool = False) -> StepResult:
+    """Step protocol, phase 3: journal the completion, then (only after it committed) publish.
+    `chain`: the caller (a finisher of awaited steps) runs the one successor next itself when that
+    successor is chainable (NodeKind.chainable), instead of publishing its message."""
     # A worker that runs its next message itself lets the completion start its one successor too.
-    claim_next = rt.takes_own_message()
+    own = rt.takes_own_message()
+    claim_next: ClaimNext = own or (chain and (lambda successor: _chainable(rt, program, successor)))
     built: dict[str, object] = {}
 
     def build(decision: Handoff) -> None:  # while the completion is on its way: sent only once it commits
         try:
-            built.update(rt.build_hand_off(run.id, decision.dispatch, generation, own=claim_next))
+            built.update(rt.build_hand_off(run.id, decision.dispatch, generation, own=own))
         except Exception:  # the publish builds what was not built ahead
             log.warning("run %s step %s: successors' messages not built ahead", run.id, step_id,
                         exc_info=True)
@@ -316,10 +331,20 @@ def _complete(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generatio
         return StepResult("fenced")
     # A crash before the publish leaves a lease that expires and the sweep re-drives the successors
     # (a successor the completion started too is resumed with the same attempt).
-    rt.hand_off(run.id, step_id, handoff.dispatch, generation, claimed=handoff.claimed, built=built)
+    chained = handoff.claimed if chain and not own else None
+    rt.hand_off(run.id, step_id, handoff.dispatch, generation, claimed=handoff.claimed, built=built,
+                kept=chained)
     if handoff.finished:
         _wake_parent(rt, run.parent_run_id)
-    return StepResult("completed", handoff.dispatch, handoff.finished, usage=result.usage)
+    return StepResult("completed", handoff.dispatch, handoff.finished, usage=result.usage, chained=chained)
+
+
+def _chainable(rt: Runtime, program: Program, step_id: str) -> bool:
+    try:
+        node = program.node(step_id)
+        return node.kind.chainable(node.data, NodeServices(rt))
+    except Exception:  # a plan or provider problem shows when the step runs from its message
+        return False
 
 
 def _once_more_if_disconnected(operation: Callable[[], T]) -> T:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from pal.core.records import Usage
 from pal.errors import StepError
-from pal.nodes.base import Field, NodeKind, NodeResult, StepContext
+from pal.nodes.base import Field, NodeKind, NodeResult, Services, StepContext
 from pal.providers import PROVIDERS, ModelRequest, ModelResponse, ToolSpec
 
 DEFAULT_PROVIDER = "scripted"
@@ -38,6 +38,9 @@ class ModelCall(NodeKind):
 
     def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:
         return call_model(ctx, str(data.get("provider", DEFAULT_PROVIDER)), self.request(data, ctx))
+
+    def chainable(self, data: Mapping[str, Any], services: Services) -> bool:
+        return services.provider(str(data.get("provider", DEFAULT_PROVIDER))).speaks_async
 
     def awaitable(self, data: Mapping[str, Any], ctx: StepContext) -> Coroutine[Any, Any, Any] | None:
         name = str(data.get("provider", DEFAULT_PROVIDER))

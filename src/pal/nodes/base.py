@@ -148,6 +148,7 @@ class NodeKind(ABC):
     embedded_plans: ClassVar[tuple[str, ...]] = ()  # fields holding a whole plan (subagent: graph)
     opaque_fields: ClassVar[tuple[str, ...]] = ()  # hold an embedded plan, validated on its own
     gateable: ClassVar[bool] = False  # may carry a `confidence` block (pal.core.confidence)
+    instant: ClassVar[bool] = False  # its effect computes on the run's data alone: no I/O, no wait
 
     def validate(self, data: Mapping[str, Any], known_tools: frozenset[str] | None) -> list[str]:
         """Problems with `data`, one sentence each; empty when valid."""
@@ -183,6 +184,12 @@ class NodeKind(ABC):
     @abstractmethod
     def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:
         """Run the node's effect and return its JSON output."""
+
+    def chainable(self, data: Mapping[str, Any], services: Services) -> bool:
+        """Whether a step of this node may run on the thread that journals its predecessor's
+        awaited effect, straight after that completion: it is instant, or its effect is awaited
+        (pal.engine.async_steps). A step that may block runs from its own message instead."""
+        return self.instant
 
     def awaitable(self, data: Mapping[str, Any], ctx: StepContext) -> Coroutine[Any, Any, Any] | None:
         """The node's effect as a coroutine, when it has one (an `async def` tool, a provider's

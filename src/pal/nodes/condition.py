@@ -10,6 +10,7 @@ from pal.nodes.base import Field, NodeKind, StepContext
 
 class Condition(NodeKind):
     type_name = "condition"
+    instant: ClassVar[bool] = True
     fields: ClassVar[Mapping[str, Field]] = {
         "expression": Field((str, bool), required=True),
         "label": Field((str,), templated=False),

@@ -10,6 +10,7 @@ from pal.nodes.base import ANY, Field, NodeKind, StepContext
 
 class Output(NodeKind):
     type_name = "output"
+    instant: ClassVar[bool] = True
     fields: ClassVar[Mapping[str, Field]] = {"value": Field(ANY), "label": Field((str,), templated=False)}
 
     def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:

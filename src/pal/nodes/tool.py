@@ -8,7 +8,7 @@ from collections.abc import Coroutine, Mapping
 from typing import Any, ClassVar
 
 from pal.errors import ToolError
-from pal.nodes.base import Field, NodeKind, StepContext, run_to_end
+from pal.nodes.base import Field, NodeKind, Services, StepContext, run_to_end
 from pal.tools import get_tool
 
 
@@ -32,6 +32,9 @@ class Tool(NodeKind):
     def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:
         result = self._call(data, ctx)
         return run_to_end(result) if inspect.iscoroutine(result) else result
+
+    def chainable(self, data: Mapping[str, Any], services: Services) -> bool:
+        return inspect.iscoroutinefunction(get_tool(str(data["tool"])))
 
     def awaitable(self, data: Mapping[str, Any], ctx: StepContext) -> Coroutine[Any, Any, Any] | None:
         if not inspect.iscoroutinefunction(get_tool(str(data["tool"]))):

@@ -10,6 +10,7 @@ from pal.nodes.base import Field, NodeKind, StepContext
 
 class Trigger(NodeKind):
     type_name = "trigger"
+    instant: ClassVar[bool] = True
     fields: ClassVar[Mapping[str, Field]] = {"label": Field((str,), templated=False)}
 
     def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -81,6 +81,10 @@ def _predictable(known: StepLog, step_id: str, fence: Fence) -> bool:
         return False
     due = known.backoff_due(step_id)
     return due is None or due <= fence.now
+
+
+ClaimNext = bool | Callable[[str], bool]
+"""complete_step's `claim_next`: whether to start the one successor for the caller, or which one."""
 
 
 class _NotReady(Exception):
@@ -216,7 +220,7 @@ class StepStore(Primitives):
 
     def complete_step(self, fence: Fence, step_id: str, attempt: int, output: Any, *, plan: Plan,
                       usage: Usage | None = None, frontier: Frontier | None = None,
-                      claim_next: bool = False, meanwhile: Meanwhile | None = None) -> Handoff:
+                      claim_next: ClaimNext = False, meanwhile: Meanwhile | None = None) -> Handoff:
         """Step protocol, phase 3: `step_completed`, successor hand-off and maybe the finish,
         in one transaction fenced by generation. Raises LeaseLost when fenced out.
 
@@ -224,9 +228,11 @@ class StepStore(Primitives):
         `step_completed` insert won, so a replay or a duplicate message never counts it twice.
 
         `claim_next`: the caller will run the hand-off's successor itself when there is only one
-        (a solo worker takes its message back as it publishes it). The same transaction then
-        starts the successor's attempt, when a one-call completion can (`Handoff.claimed` names it),
-        and this thread's next claim of it, at this generation, is answered without a statement.
+        (a solo worker takes its message back as it publishes it; a finisher of awaited steps
+        runs it next), or, given a predicate, when there is only one and the predicate accepts
+        it. The same transaction then starts the successor's attempt, when a one-call completion
+        can (`Handoff.claimed` names it), and this thread's next claim of it, at this generation,
+        is answered without a statement.
 
         `meanwhile(decision)` runs while a one-call completion is on its way, with the hand-off it
         will make if it commits as planned (the caller prepares the successors' messages); it must
@@ -236,7 +242,7 @@ class StepStore(Primitives):
             payload["usage"] = {"input_tokens": usage.input_tokens,
                                 "output_tokens": usage.output_tokens,
                                 "cost_usd": str(usage.cost_usd)}
-        if self.calls is not None and "usage" not in payload:
+        if self.calls is not None:
             handoff = self._complete_in_one_call(self.calls, fence, step_id, attempt, payload, plan,
                                                  claim_next, meanwhile)
             if handoff is not None:
@@ -260,10 +266,11 @@ class StepStore(Primitives):
             return decision
 
     def _complete_in_one_call(self, calls: AutocommitCalls, fence: Fence, step_id: str, attempt: int,
-                              payload: Mapping[str, Any], plan: Plan, claim_next: bool,
+                              payload: Mapping[str, Any], plan: Plan, claim_next: ClaimNext,
                               meanwhile: Meanwhile | None) -> Handoff | None:
         """Postgres: a completion that only hands off, as one autocommit call of
-        `pal_complete_step_then` (migrations 0006 and 0020).
+        `pal_complete_step_then` (migrations 0006, 0020 and 0023: a model call's usage joins the
+        run's totals in the same call).
 
         The hand-off is planned first, from this process's step log plus this step's output; the
         function appends `step_completed` only if no step event came after that log, so the plan
@@ -286,6 +293,8 @@ class StepStore(Primitives):
         # the function checks is the latest.
         run = self._claimed_runs.get(run_id)
         successor = decision.dispatch[0] if claim_next and len(decision.dispatch) == 1 else None
+        if successor is not None and callable(claim_next) and not claim_next(successor):
+            successor = None
         if successor is not None and (run is None or successor == step_id
                                       or not _predictable(known, successor, fence)):
             successor = None

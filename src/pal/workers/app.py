@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_shutdown, worker_shutdown
+from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
 
 from pal.config import DEFAULT_VISIBILITY_TIMEOUT_SECONDS, Settings
 from pal.core.redact import install_log_redaction
@@ -95,7 +95,12 @@ def create_app(settings: Settings) -> PalCelery:
 
     publish, publish_batch = publisher_of(app, settings.queue, node_publisher)
     app.runtime = Runtime(settings, publish, publish_batch)
-    app.runtime.async_steps = AsyncSteps(settings.async_steps, app.runtime.leases)
+
+    def awaits_steps(sender: Any = None, **_: Any) -> None:  # a worker of this app, not a client
+        if getattr(sender, "app", None) is app:
+            app.runtime.async_steps = AsyncSteps(settings.async_steps, app.runtime.leases)
+
+    worker_init.connect(awaits_steps, weak=False)
     if node_publisher is not None:
         app.runtime.own_messages = TakenBack(app, node_publisher)
     app.runtime.publish_vm = lambda vm_id: app.send_task(SPAWN_VM, args=[vm_id], queue=settings.vm_queue)

@@ -6,7 +6,8 @@
 -- checks that the steps the caller's log has not seen complete did complete (migration 0019: a
 -- worker whose log is behind claims without reading the log first; pal_claim_step is now the
 -- same claim with nothing to check); pal_complete_step_then: that completion, which may also start
--- the one successor the caller will run itself (migration 0020; pal_complete_step is now the same
+-- the one successor the caller will run itself (migration 0020), adding a model call's usage to
+-- the run's totals (migration 0023; pal_complete_step is now the same
 -- completion starting nothing); pal_read_log: the step log a one-call claim
 -- reads, writing nothing, before it decides a step is ready (migration 0009; approval_decided is a
 -- step-log kind since migration 0012, it resumes a budget pause; confidence_evaluated since 0013,
@@ -203,6 +204,14 @@ AS $function$
             IF v_seq IS NULL THEN
                 RETURN QUERY SELECT -2::bigint, NULL::text, 'already_completed'::text, NULL::jsonb;
                 RETURN;
+            END IF;
+            -- A model call's tokens and cost join the run's totals only with the insert that won,
+            -- so a duplicate completion never counts them twice (migration 0023).
+            IF p_payload ? 'usage' THEN
+                UPDATE runs SET input_tokens = runs.input_tokens + (p_payload->'usage'->>'input_tokens')::bigint,
+                                output_tokens = runs.output_tokens + (p_payload->'usage'->>'output_tokens')::bigint,
+                                cost_usd = runs.cost_usd + (p_payload->'usage'->>'cost_usd')::numeric
+                 WHERE runs.id = p_run;
             END IF;
             RETURN QUERY SELECT v_seq, p_step, 'step_completed'::text, p_payload;
             IF p_next IS NULL THEN
