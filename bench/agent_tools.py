@@ -18,8 +18,10 @@ async def bench_ask(prompt: str, key: str) -> dict[str, Any]:
     base = os.environ["BENCH_MODEL_URL"]
     client = _clients.get(base)
     if client is None:
+        # The OpenAI SDK's limits: a connection per call in flight, up to 1,000, and 100 kept idle
+        # (httpx's pool looks through its idle connections on every request).
         client = _clients[base] = httpx.AsyncClient(base_url=base, timeout=30, limits=httpx.Limits(
-            max_connections=None, max_keepalive_connections=1000))  # a call each step in flight
+            max_connections=1000, max_keepalive_connections=100))
     reply = await client.post("/chat/completions", headers={"Idempotency-Key": key}, json={
         "model": "stand-in", "messages": [{"role": "user", "content": prompt}]})
     reply.raise_for_status()

@@ -123,7 +123,9 @@ def measure_pal(runs: int, variant: str, worker_args: list[str], workers: int, p
         started_workers = [start_process([sys.executable, "-m", "pal.cli", "worker", *worker_args,
                                           "--loglevel", "WARNING", "--hostname", f"agents{i}@%h"], env, log)
                            for i, log in enumerate(logs)]
-        client = Client(dataclasses.replace(settings, database_url=url))
+        # All the runs are in flight at once: a tenant's quota of runs in flight must admit them.
+        client = Client(dataclasses.replace(settings, database_url=url,
+                                            max_runs_in_flight=max(settings.max_runs_in_flight, 2 * runs)))
         admin = sa.create_engine("postgresql+psycopg2://postgres@127.0.0.1:5432/test",
                                  isolation_level="AUTOCOMMIT")
         try:

@@ -1,4 +1,5 @@
-"""`make bench`'s agent-shaped scenario: PAL's set-ups and LangGraph on the load of bench/agents.py,
+"""`make bench`'s agent-shaped scenario: PAL's set-ups, LangGraph (bench/langgraph_agents.py) and
+Restate (bench/restate_agents.py) on the load of bench/agents.py,
 one repetition of each in turn (a drift of the machine hits every side alike), then 10,000 runs
 started at once on PAL (memory stays flat, nothing is lost).
 
@@ -30,6 +31,7 @@ SETUPS: dict[str, list[str]] = {
                                                "--pool prefork --concurrency 2", "--pool-size", "10"],
     "PAL, async tool, 2 solo workers": ["bench.agents", "--variant", "tool", *TWO],
     "LangGraph, ainvoke + AsyncPostgresSaver, 1 process": ["bench.langgraph_agents"],
+    "Restate, ctx.run around each call, 1 service process": ["bench.restate_agents"],
 }
 FLOOD = "PAL, ai-step, 2 solo workers, 10,000 runs"
 
@@ -103,7 +105,9 @@ def report_lines(result: dict[str, Any] | None) -> list[str]:
     return [f"Agents (bench/agents_compare.py): {result['runs']:,} runs of 3 steps, each step one call to a "
             "model stand-in answering after 1 s, all started at once; ideal 3 s. Medians over the "
             "repetitions; peaks are the worst seen; memory is the worker processes' RSS (LangGraph: its "
-            "one process); connections are the workers' and the starting client's together.", "",
+            "one process; Restate: its server and service after the load); connections are the "
+            "workers' and the starting client's together (Restate keeps its journal outside Postgres).",
+            "",
             "| set-up | wall s | wall / ideal | starting s | steps/s | peak Postgres connections | peak MB "
             "| CPU ms / step, all processes | every step once |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|", *rows, *failed]

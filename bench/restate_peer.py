@@ -160,15 +160,16 @@ def server_binary() -> Path:
     return binary
 
 
-def reexec_in_netns(argv: list[str]) -> int:
-    """Run this script again in a new network namespace that has only loopback (`unshare --net`)."""
+def reexec_in_netns(argv: list[str], module: str = "bench.restate_peer") -> int:
+    """Run `module` (this script, by default) again in a new network namespace that has only
+    loopback (`unshare --net`)."""
     if os.geteuid() != 0:
         raise RuntimeError("the Restate peer runs in a network namespace of its own: `unshare --net` "
                            "needs root")
     unshare = shutil.which("unshare")
     if unshare is None:
         raise RuntimeError("unshare (util-linux) is not installed")
-    command = [unshare, "--net", "--", sys.executable, "-m", "bench.restate_peer", *argv]
+    command = [unshare, "--net", "--", sys.executable, "-m", module, *argv]
     child = subprocess.Popen(command, cwd=REPO, env={**os.environ, NETNS_MARK: "1"})
     try:
         return child.wait()
@@ -220,8 +221,9 @@ def start(argv: list[str], log_file: Path, env: dict[str, str] | None = None) ->
 
 
 @contextlib.contextmanager
-def running_restate(binary: Path) -> Iterator[list[int]]:
-    """The server on a fresh data directory and the service registered with it; yields both pids.
+def running_restate(binary: Path, service: list[str] | None = None) -> Iterator[list[int]]:
+    """The server on a fresh data directory and the service (`service`: its module and arguments,
+    serving on SERVICE_PORT; by default this script's chain) registered with it; yields both pids.
     Both processes are stopped and the data directory deleted on the way out."""
     data = Path(tempfile.mkdtemp(prefix="palbench-restate-"))
     processes: list[subprocess.Popen[bytes]] = []
@@ -232,8 +234,8 @@ def running_restate(binary: Path) -> Iterator[list[int]]:
                                 "--no-logo"], server_log, env))
         log(f"restate-server {SERVER_VERSION} pid {processes[0].pid}, data in {data}")
         service_log = data / "service.log"
-        processes.append(start([sys.executable, "-m", "bench.restate_peer", "--serve", str(SERVICE_PORT)],
-                               service_log))
+        serving = service or ["bench.restate_peer", "--serve", str(SERVICE_PORT)]
+        processes.append(start([sys.executable, "-m", *serving], service_log))
         wait_until(lambda: http_ok(f"{ADMIN}/health") and http_ok(f"{INGRESS}/restate/health"),
                    "restate-server", processes[0], server_log)
         wait_until(lambda: port_open(SERVICE_PORT), "the Restate service", processes[1], service_log)

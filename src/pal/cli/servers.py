@@ -10,6 +10,15 @@ from pal.cli import common
 from pal.cli.common import EXIT_BAD_INPUT
 
 WORKER_QUIET_FLAGS = ("--without-mingle", "--without-gossip")
+# What each pool is for, said in the banner (README.md, "Which worker set-up", has the figures).
+POOL_CHOICE = {
+    "prefork": "pool prefork: each process runs one step at a time in its thread and awaits the rest; "
+               "for agents and short steps alike one `--pool solo` worker per core is faster and smaller",
+    "solo": "pool solo: one step at a time in this process's thread, awaited ones on its loop; "
+            "run one per core, each with its own --hostname",
+    "threads": "pool threads: for sync tools that block on I/O; model calls and async tools are awaited "
+               "whatever the pool, and a solo worker per core runs them faster",
+}
 
 
 def worker(
@@ -37,6 +46,7 @@ def worker(
     typer.echo(f"pal worker: awaited steps: up to {settings.async_steps} in flight per worker process on "
                "its event loop (async def tools, model calls), holding no thread while they wait "
                "(PAL_ASYNC_STEPS)", err=True)
+    typer.echo(f"pal worker: {POOL_CHOICE.get(pool, '')}", err=True)
     tools = ", ".join(sorted(registered_tools())) or "none"
     typer.echo(f"pal worker: lease {settings.lease_ttl:g}s, orphan sweep every "
                f"{settings.recovery_interval:g}s (run `pal beat` once per deployment), tools: {tools}",
