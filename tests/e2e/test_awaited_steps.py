@@ -108,6 +108,32 @@ def test_an_async_tool_and_a_sync_tool_in_one_graph(processes: Processes, postgr
         client.close()
 
 
+def test_an_awaited_step_that_fails_is_retried_by_its_policy_then_fails_the_run(
+        processes: Processes, postgres_backend: Backend, tmp_path: Path) -> None:
+    ledger = tmp_path / "calls.txt"
+    failing = chain([{"id": "bad", "type": "tool", "data": {
+        "tool": "aexplode", "args": {"message": "no luck", "path": str(ledger), "label": "bad"},
+        "retry": {"maxAttempts": 2, "backoffMs": 0}}}])
+    strange = chain([{"id": "odd", "type": "tool", "data": {"tool": "anot_json"}}])
+    processes.worker("solo")
+    client = Client(postgres_backend.settings)
+    try:
+        run = client.wait(client.start_run(failing, {}), timeout=60)
+        assert run.status == "failed"
+        kinds = [(e.kind, e.attempt) for e in client.events(run.id) if e.step_id == "bad"]
+        assert kinds == [("step_started", 1), ("step_retrying", 1), ("step_started", 2), ("step_failed", 2)]
+        failed = next(e for e in client.events(run.id) if e.kind == "step_failed")
+        assert failed.payload["error"]["message"] == "no luck" and "aexplode" in failed.payload["error"]["traceback"]
+        assert calls(ledger) == ["bad", "bad"]
+        run = client.wait(client.start_run(strange, {}), timeout=60)
+        assert run.status == "failed"  # a value that is not JSON is refused, nothing of it journaled
+        failed = next(e for e in client.events(run.id) if e.kind == "step_failed")
+        assert "not JSON" in failed.payload["error"]["message"]
+        assert not [e for e in client.events(run.id) if e.kind == "step_completed" and e.step_id == "odd"]
+    finally:
+        client.close()
+
+
 def test_an_awaited_step_past_its_time_limit_is_stopped_and_fails(
         processes: Processes, postgres_backend: Backend, tmp_path: Path) -> None:
     ledger = tmp_path / "calls.txt"

@@ -62,6 +62,21 @@ async def anap(seconds: float, path: str | None = None, label: str = "anap") -> 
     return {"slept": float(seconds), "thread": threading.current_thread().name}
 
 
+@tool(name="aexplode")
+async def aexplode(message: str = "boom", path: str | None = None, label: str = "aexplode") -> None:
+    """An awaited tool that fails (each call recorded with `path`)."""
+    if path is not None:
+        record_call(path, label)
+    await asyncio.sleep(0)
+    raise RuntimeError(message)
+
+
+@tool(name="anot_json")
+async def anot_json() -> Any:
+    await asyncio.sleep(0)
+    return {1, 2, 3}
+
+
 @tool(name="not_json")
 def not_json() -> Any:
     return {1, 2, 3}

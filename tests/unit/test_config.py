@@ -229,3 +229,12 @@ def test_the_pool_size_bounds_each_process_and_refuses_less_than_two() -> None:
         assert pool_limit(engine) == 4
     finally:
         engine.dispose()
+
+
+def test_the_awaited_steps_of_a_process_are_bounded_and_bad_values_refused() -> None:
+    assert load_settings({}).async_steps == 1000
+    assert load_settings({"PAL_ASYNC_STEPS": "1"}).async_steps == 1
+    for bad, fragment in (("0", "must be positive"), ("-5", "must be positive"), ("lots", "not a whole number"),
+                          ("100001", "more than 100000")):
+        with pytest.raises(ConfigError, match=fragment):
+            load_settings({"PAL_ASYNC_STEPS": bad})

@@ -58,7 +58,8 @@ class AsyncSteps:
     def submit(self, effect: Coroutine[Any, Any, Any], *, run_id: str, generation: int, limit_s: float,
                finish: Finish) -> None:
         """Run `effect` on the loop under the run's lease and the step's time limit, then `finish`
-        its outcome on a finisher thread. Blocks while `limit` effects are in flight."""
+        its outcome on a finisher thread. The effect takes over the slot this thread holds
+        (`slot`); without one, this waits for a free one."""
         if self._pid != os.getpid():  # a forked pool process: the parent's loop is not here
             self._start()
         if getattr(self._held, "slot", False):
