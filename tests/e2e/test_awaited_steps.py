@@ -72,7 +72,8 @@ def test_hundreds_of_model_steps_await_at_once_in_one_solo_worker_on_a_bounded_p
                 if all(client.get_run(r).terminal for r in run_ids):
                     break
                 time.sleep(0.1)
-            assert [client.get_run(r).status for r in run_ids] == ["succeeded"] * runs
+            failed = [(r, client.get_run(r).error) for r in run_ids if client.get_run(r).status != "succeeded"]
+            assert failed == [], failed[:3]
             # One request per step attempt, each with its attempt's Idempotency-Key.
             keys = Counter(r.headers.get("idempotency-key") for r in model.requests_to("/v1/chat/completions"))
             assert keys == Counter({idempotency_key(r, f"m{i}", 1): 1 for r in run_ids for i in range(2)})

@@ -68,6 +68,7 @@ class _Server(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 1024  # hundreds of steps call at once (socketserver's default backlog is 5)
 
     def __init__(self, owner: _HttpStandIn) -> None:
         self.owner = owner

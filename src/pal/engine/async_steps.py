@@ -66,10 +66,15 @@ class AsyncSteps:
             self._held.slot = False  # the effect takes over the slot this thread holds (`slot`)
         else:
             self._acquire()
+        # The lease is watched from here, as soon after the claim as a step in a thread is, until
+        # the outcome is journaled (`_finish`): a busy loop or finisher must not let it lapse.
+        stop = _Stop()
+        token = self._leases.watch(run_id, generation, stop)
         try:
             loop = self._running_loop()
-            asyncio.run_coroutine_threadsafe(self._run(effect, run_id, generation, limit_s, finish), loop)
+            asyncio.run_coroutine_threadsafe(self._run(effect, stop, token, limit_s, finish), loop)
         except BaseException:
+            self._leases.unwatch(token)
             effect.close()
             self._release()
             raise
@@ -109,17 +114,10 @@ class AsyncSteps:
                 self._loop = loop
             return self._loop
 
-    async def _run(self, effect: Coroutine[Any, Any, Any], run_id: str, generation: int, limit_s: float,
+    async def _run(self, effect: Coroutine[Any, Any, Any], stop: _Stop, token: int, limit_s: float,
                    finish: Finish) -> None:
         task = asyncio.ensure_future(effect)
-        loop = asyncio.get_running_loop()
-        gone = threading.Event()
-
-        def on_gone() -> None:  # from the lease keeper's thread
-            gone.set()
-            loop.call_soon_threadsafe(task.cancel)
-
-        token = self._leases.watch(run_id, generation, on_gone)
+        stop.start(task, asyncio.get_running_loop())
         outcome: Any
         try:
             outcome = await asyncio.wait_for(task, limit_s + STOP_GRACE_SECONDS)
@@ -128,24 +126,24 @@ class AsyncSteps:
             stopped.__cause__ = exc
             outcome = stopped
         except asyncio.CancelledError:
-            if not gone.is_set():
+            if not stop.gone.is_set():
                 self._leases.unwatch(token)
                 self._release()
                 raise  # the loop itself is stopping
             outcome = LeaseGone()
         except Exception as exc:  # the node's failure: data for the journal
             outcome = exc
-        self._leases.unwatch(token)
         assert self._finishers is not None
-        self._finishers.submit(self._finish, finish, outcome)
+        self._finishers.submit(self._finish, finish, outcome, token)
 
-    def _finish(self, finish: Finish, outcome: Any) -> None:
+    def _finish(self, finish: Finish, outcome: Any, token: int) -> None:
         self._held.slot = True  # the effect's: a step this finisher runs next may take it over
         try:
             finish(outcome)
         except Exception:  # the lease lapses and the sweep re-drives the step
             log.exception("an awaited step's outcome was not journaled; the sweep re-drives it")
         finally:
+            self._leases.unwatch(token)
             if self._held.slot:
                 self._held.slot = False
                 self._release()
@@ -160,3 +158,23 @@ class AsyncSteps:
             self._in_flight -= 1
             self._idle.notify_all()
         self._slots.release()
+
+
+class _Stop:
+    """How the lease keeper stops an awaited effect whose lease is gone (a cancel, a takeover):
+    it cancels the effect's task, once the loop has made it."""
+
+    def __init__(self) -> None:
+        self.gone = threading.Event()
+        self.task: asyncio.Future[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, task: asyncio.Future[Any], loop: asyncio.AbstractEventLoop) -> None:
+        self.task, self._loop = task, loop
+        if self.gone.is_set():  # lost before the loop got to it
+            task.cancel()
+
+    def __call__(self) -> None:  # from the lease keeper's thread
+        self.gone.set()
+        if self.task is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self.task.cancel)

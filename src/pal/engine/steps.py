@@ -9,7 +9,7 @@ blocks a worker process.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -179,7 +179,7 @@ def _run_claimed(rt: Runtime, claim: Claim, step_id: str, generation: int,
         limit_s = step_time_limit(node.data, settings)
         # The confidence gate (off unless PAL_CONFIDENCE_GATE says so) judges the action first.
         diverted = gate(rt, claim.run, node, ctx, generation, claim.log)
-        effect = node.kind.awaitable(node.data, ctx) if diverted is None and rt.async_steps else None
+        effect = _awaitable(rt, node, ctx, generation, limit_s) if diverted is None else None
         if effect is not None and rt.async_steps is not None:
             faults.point("before_effect", step_id, run_id)
             settle = _Settle(rt, claim, step_id, generation, program, policy, limit_s, paused, after)
@@ -248,6 +248,16 @@ class _Settle:
             return _park(rt, claim.run, step_id, claim.attempt, generation, outcome, self.program)
         watch_usage(rt, claim.run, step_id, generation, outcome.usage)
         return _complete(rt, claim.run, step_id, claim.attempt, generation, outcome, self.program, chain)
+
+
+def _awaitable(rt: Runtime, node: Node, ctx: StepContext, generation: int,
+               limit_s: float) -> Coroutine[Any, Any, Any] | None:
+    """The node's effect as a coroutine, on a worker that awaits effects. Made under the lease's
+    heartbeat: making it may take a while (a fresh process imports the provider's SDK)."""
+    if rt.async_steps is None:
+        return None
+    with rt.leases.holding(ctx.run_id, generation, limit_s):
+        return node.kind.awaitable(node.data, ctx)
 
 
 def _input(run: RunRecord) -> Any:
