@@ -98,3 +98,26 @@ def test_log_records_are_redacted_when_made(caplog: pytest.LogCaptureFixture) ->
     text = caplog.text
     assert "hunter2hunter2" not in text and "abcdefabcdef" not in text
     assert REDACTED in text
+
+
+def test_a_record_without_credentials_keeps_its_arguments_and_one_with_keeps_their_shape() -> None:
+    install_log_redaction()
+    access = logging.getLogger("uvicorn.access").makeRecord(
+        "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5000", "GET", "/v1/runs?limit=5", "1.1", 200), None)
+    assert access.args == ("127.0.0.1:5000", "GET", "/v1/runs?limit=5", "1.1", 200)  # as made
+    secret = logging.getLogger("uvicorn.access").makeRecord(
+        "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5000", "GET", "/hook?token=abcdefabcdefabcdef", "1.1", 200), None)
+    assert isinstance(secret.args, tuple) and len(secret.args) == 5  # a handler may still unpack them
+    assert "abcdefabcdefabcdef" not in secret.getMessage() and REDACTED in secret.getMessage()
+    own = logging.getLogger("myapp").makeRecord("myapp", logging.INFO, __file__, 1, "user %s has %d items",
+                                                ("ann", 3), None)
+    assert own.args == ("ann", 3)
+
+
+def test_a_credential_formed_only_by_the_arguments_together_is_still_redacted() -> None:
+    install_log_redaction()
+    record = logging.getLogger("somelib").makeRecord(
+        "somelib", logging.INFO, __file__, 1, "header %s%s", ("Bearer ", "abcdefabcdefabcdef"), None)
+    assert "abcdefabcdefabcdef" not in record.getMessage() and REDACTED in record.getMessage()

@@ -118,8 +118,11 @@ def redact(value: Any) -> Any:
 class _RedactingRecords:
     """A log record factory that redacts a record's message (and its traceback) when it is made.
 
-    Every record of every logger: an HTTP library logs the URLs it calls at INFO. A line with
-    nothing credential-like in it costs a few substring checks (`_TRIGGERS`)."""
+    Every record of every logger: an HTTP library logs the URLs it calls at INFO. A record with
+    nothing credential-like in it is returned as it was made, its arguments intact (a handler may
+    read them: uvicorn's access log unpacks its five). One that has is redacted argument by
+    argument, keeping their shape, and only when a credential appears only once they are put
+    together is the message replaced by its redacted text (its arguments dropped)."""
 
     def __init__(self, inner: Callable[..., logging.LogRecord]) -> None:
         self.inner = inner
@@ -130,10 +133,29 @@ class _RedactingRecords:
             message = record.getMessage()
         except Exception:  # a malformed record: leave it to the handler to report
             return record
-        record.msg, record.args = redact_text(message), None
+        redacted = redact_text(message)
+        if redacted != message:
+            _redact_record(record, message, redacted)
         if record.exc_info and not record.exc_text:
             record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
         return record
+
+
+def _redact_record(record: logging.LogRecord, message: str, redacted: str) -> None:
+    """Redact the record's format string and arguments in place; failing that, its message."""
+    msg, arguments = record.msg, record.args
+    if isinstance(msg, str):
+        record.msg = redact_text(msg)
+    if isinstance(arguments, tuple):
+        record.args = tuple(redact_text(a) if isinstance(a, str) else a for a in arguments)
+    elif isinstance(arguments, Mapping):
+        record.args = {k: redact_text(v) if isinstance(v, str) else v for k, v in arguments.items()}
+    try:
+        if redact_text(record.getMessage()) == record.getMessage():
+            return
+    except Exception:
+        pass
+    record.msg, record.args = redacted, None  # the credential spans the pieces: the whole message
 
 
 def install_log_redaction() -> None:
