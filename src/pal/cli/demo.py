@@ -1,18 +1,20 @@
 """`pal demo`: triage support tickets with an agent graph on the embedded default, crash the worker
 in the middle of a step, recover, and decide the approvals.
 
-The graph and its tools are in pal.cli.demo_graph. The demo starts its own `pal worker` process, so
-every node is one Celery message handled by another process. While one run's slow CRM lookup is
-running it kills that worker (SIGKILL, the pool children too), starts a new one, and runs one pass of
-the orphan sweep (what celery beat sends every PAL_RECOVERY_INTERVAL) once the dead worker's lease
-has expired: the run goes on from the step that was cut off, and the tool ledger shows that no
-finished step ran again. Urgent tickets wait at an approval; the demo prints each one's prompt,
-what it shows and the command a person would type, and decides it.
+The graph is in pal.cli.demo_graph, its tools in pal.cli.demo_tools (registered only by the demo).
+The demo starts its own `pal worker` process, so every node is one Celery message handled by another
+process. While one run's slow CRM lookup is running it kills that worker (SIGKILL, the pool children
+too), starts a new one, and runs one pass of the orphan sweep (what celery beat sends every
+PAL_RECOVERY_INTERVAL) once the dead worker's lease has expired: the run goes on from the step that
+was cut off, and the tool ledger shows that no finished step ran again. Urgent tickets wait at an
+approval; the demo prints each one's prompt, what it shows and the command a person would type, and
+decides it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import shutil
 import signal
@@ -48,7 +50,7 @@ def start_worker_process(home: Path, concurrency: int = 2, *, ledger: Path | Non
     """A `pal worker` in a session of its own, so the demo can kill it with its pool children."""
     env = dict(os.environ)
     modules = [m for m in env.get("PAL_TOOL_MODULES", "").split(",") if m]
-    env["PAL_TOOL_MODULES"] = ",".join([*modules, "pal.cli.demo_graph"])
+    env["PAL_TOOL_MODULES"] = ",".join([*modules, "pal.cli.demo_tools"])
     if ledger is not None:
         env[LEDGER_VARIABLE] = str(ledger)
     if lease_ttl is not None:
@@ -197,6 +199,7 @@ def demo(
     """Triage support tickets with an agent graph (one node per Celery message), kill the worker
     mid-step and recover, decide the approvals, and print the journal. Uses the embedded default
     (SQLite + filesystem broker) unless PAL_* say otherwise."""
+    importlib.import_module("pal.cli.demo_tools")  # the demo's tools, known here for validation
     from pal.cli.progress import console, journal_table
     from pal.storage.database import shared_engine
     from pal.storage.schema.migrate import upgrade

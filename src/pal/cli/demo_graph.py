@@ -1,22 +1,20 @@
-"""The demo's agent graph and its tools (`pal demo`, pal.cli.demo).
+"""The demo's agent graph (`pal demo`, pal.cli.demo); its tools are in pal.cli.demo_tools.
 
 Support-ticket triage: classify the ticket and look up the customer side by side, join, branch on
 urgency; an urgent ticket asks a person before paging on-call (an `approval` node), then an ai-step
-drafts the reply. The worker imports this module as a tool module. Every tool call is appended to a
-ledger file (PAL_DEMO_LEDGER), so the demo can show which calls a crash repeated and which it did not.
+drafts the reply. The demo's worker imports pal.cli.demo_tools as a tool module; no other `pal`
+process registers those tools. Every tool call is appended to a ledger file (PAL_DEMO_LEDGER), so
+the demo can show which calls a crash repeated and which it did not.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-from pal.tools import tool
 
 LEDGER_VARIABLE = "PAL_DEMO_LEDGER"
 SLOW_CUSTOMER = "initech"  # its CRM lookup takes SLOW_LOOKUP_S: long enough to crash a worker in it
@@ -28,11 +26,6 @@ DEMO_TICKETS = [
     {"id": "T-1003", "customer": SLOW_CUSTOMER, "text": "Production is down, the API returns 500s"},
 ]
 
-_CUSTOMERS = {
-    "acme": {"contact": "Ada at Acme", "plan": "pro"},
-    "globex": {"contact": "Grace at Globex", "plan": "free"},
-    SLOW_CUSTOMER: {"contact": "Ian at Initech", "plan": "enterprise"},
-}
 
 
 def demo_model(env: Mapping[str, str] | None = None) -> tuple[str, str]:
@@ -102,14 +95,6 @@ def triage_graph(provider: str = "scripted", model: str = "scripted-1") -> dict[
     }
 
 
-def _record(name: str, **args: Any) -> None:
-    """Append one tool call to the ledger: the demo counts calls to show what a crash repeated."""
-    ledger = os.environ.get(LEDGER_VARIABLE)
-    if ledger:
-        with open(ledger, "a", encoding="utf-8") as out:
-            out.write(json.dumps({"tool": name, **args}) + "\n")
-
-
 def ledger_counts(ledger: Path) -> Counter[tuple[str, str]]:
     """(tool, ticket or customer) -> how many times it was called."""
     counts: Counter[tuple[str, str]] = Counter()
@@ -118,29 +103,3 @@ def ledger_counts(ledger: Path) -> Counter[tuple[str, str]]:
             call = json.loads(line)
             counts[(call["tool"], str(call.get("key", "")))] += 1
     return counts
-
-
-@tool
-def classify_ticket(text: str) -> dict[str, str]:
-    """A keyword classifier: cheap rules first, the model only for the reply."""
-    _record("classify_ticket", key=text)
-    lowered = text.lower()
-    if any(word in lowered for word in ("charged", "refund", "invoice")):
-        return {"category": "billing", "priority": "high"}
-    if any(word in lowered for word in ("down", "500", "outage")):
-        return {"category": "incident", "priority": "high"}
-    return {"category": "how-to", "priority": "normal"}
-
-
-@tool
-def lookup_customer(name: str) -> dict[str, str]:
-    _record("lookup_customer", key=name)
-    if name == SLOW_CUSTOMER:
-        time.sleep(SLOW_LOOKUP_S)  # a slow CRM: the demo kills the worker while this step runs
-    return _CUSTOMERS.get(name, {"contact": name, "plan": "free"})
-
-
-@tool
-def page_on_call(ticket: str, category: str) -> dict[str, Any]:
-    _record("page_on_call", key=ticket)
-    return {"paged": f"on-call for {category}", "ticket": ticket}
