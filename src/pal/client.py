@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import time
 from typing import Any
@@ -21,7 +22,15 @@ class RunTimeout(PalError):
 
 
 def _user() -> str:
-    return os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
+    """Who decides or cancels when no one is named: $USER or $LOGNAME, else this process's account
+    (a container's shell often sets neither), else its uid; never "unknown"."""
+    named = os.environ.get("USER") or os.environ.get("LOGNAME")
+    if named:
+        return named
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a uid with no account (an arbitrary container uid)
+        return f"uid {os.getuid()}"
 
 
 class Client:

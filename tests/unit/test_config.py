@@ -238,3 +238,4 @@ def test_the_awaited_steps_of_a_process_are_bounded_and_bad_values_refused() -> 
                           ("100001", "more than 100000")):
         with pytest.raises(ConfigError, match=fragment):
             load_settings({"PAL_ASYNC_STEPS": bad})
+
