@@ -201,12 +201,16 @@ def test_filtering_and_paging_the_runs_list(api: Api, tmp_path: Path) -> None:
                            now=utcnow(), lease_ttl=600)
     journal.create_run(run_id="theirs-1", tenant_id="globex", kind="graph", graph={"name": "refunds"},
                        graph_hash=None, run_input=None, now=utcnow(), lease_ttl=600)
+    journal.create_run(run_id="nameless-1", tenant_id="acme", kind="graph", graph={"nodes": []},
+                       graph_hash="ab12cd34ef56ab12cd34", run_input=None, now=utcnow(), lease_ttl=600)
     with logged_in(api) as page:
         page.goto(api.url + "/runs")
         expect(page.locator("#runs tr[data-run]")).to_have_count(50)
+        # A graph without a name is said to be one, with the start of its hash, not a blank cell.
+        expect(page.locator('#runs tr[data-run="nameless-1"] .graph-name')).to_have_text("unnamed ab12cd34ef56")
         expect(page.locator("#page-number")).to_have_text("page 1")
         page.click("#page-older")
-        expect(page.locator("#runs tr[data-run]")).to_have_count(3)
+        expect(page.locator("#runs tr[data-run]")).to_have_count(4)
         expect(page.locator("#runs")).to_contain_text("bulk-00")
         page.fill("#f-graph", "refunds")
         page.fill("#f-search", "BULK-1")
