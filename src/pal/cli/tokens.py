@@ -29,6 +29,11 @@ def tokens_create(
         common.fail(str(exc), common.exit_code(exc))
     typer.echo(f"token {token_id} for tenant {tenant} (store the secret now; it is not shown again):")
     typer.echo(secret)
+    own = common.settings().tenant
+    if own != tenant:  # on stderr: scripts read the secret from the last line of stdout
+        typer.echo(f"note: this token sees tenant {tenant!r}'s runs only; runs started from this shell "
+                   f"go to tenant {own!r} (PAL_TENANT): start them with PAL_TENANT={tenant} or "
+                   f"tenant_id={tenant!r} to see them with it", err=True)
 
 
 @tokens_app.command("revoke")
