@@ -69,6 +69,10 @@ def test_a_failed_steps_error_and_traceback_in_the_step_panel(api: Api, tmp_path
     with logged_in(api) as page:
         page.goto(api.url + "/runs/failing-1")
         expect(page.locator("#status")).to_have_text("failed", timeout=30_000)
+        # The run's error is on the page before any click: the step, the error and its message, as text.
+        expect(page.locator("#run-error")).to_be_visible()
+        expect(page.locator("#run-error")).to_contain_text("failed at step charge: RuntimeError: card declined "
+                                                           + HOSTILE)
         expect(page.locator('tr[data-step="notify"] td.status')).to_have_text("skipped (not reached)")
         page.click('tr[data-step="charge"]')
         expect(page.locator("#panel-status")).to_have_text("failed")
@@ -82,6 +86,7 @@ def test_a_failed_steps_error_and_traceback_in_the_step_panel(api: Api, tmp_path
         expect(page.locator('#dag g[data-node="charge"]')).to_have_class("dag-node state-failed")
         expect(page.locator('#dag g[data-node="notify"]')).to_have_class("dag-node state-not-reached")
         assert page.locator("#panel img").count() == 0 and page.locator("#panel script").count() == 0
+        assert page.locator("#run-error img").count() == 0 and page.locator("#run-error script").count() == 0
         shoot(page, tmp_path, "failed-step-panel")
 
 

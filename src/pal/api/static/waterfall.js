@@ -51,6 +51,17 @@ function stepLabel(row) {
   return row.step_id + (row.attempts > 1 ? ` (attempt ${row.attempts})` : "") + (runs > 1 ? ` · ${runs} bars` : "");
 }
 
+function showRunError(run) {
+  // A finished run's error, in words, without a click: which step, what failed, and why.
+  const box = document.getElementById("run-error"), error = run.error;
+  if (!box) return;
+  box.hidden = !error || !["failed", "cancelled"].includes(run.status);
+  if (box.hidden) return;
+  const where = error.step_id ? `step ${error.step_id} ` : "";
+  const what = error.type ? `${error.type}: ` : "";
+  box.textContent = `${run.status} at ${where}`.trimEnd() + ": " + what + (error.message || error.reason || error.code || "");
+}
+
 function render(runId, data) {
   const run = data.run, body = document.querySelector("#waterfall tbody");
   const status = document.getElementById("status");
@@ -59,6 +70,7 @@ function render(runId, data) {
   const receipt = document.getElementById("receipt");  // present when receipts are on
   if (receipt) receipt.hidden = !["succeeded", "failed", "cancelled"].includes(run.status);
   showLineageActions(run.status);
+  showRunError(run);
   const ran = data.rows.filter(r => r.status !== "skipped").length;
   document.getElementById("summary").textContent =
     `${ran} steps, ${data.rows.length - ran} skipped, ${data.duration_s.toFixed(2)}s, ` +
