@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -88,6 +89,23 @@ def test_a_failed_steps_error_and_traceback_in_the_step_panel(api: Api, tmp_path
         assert page.locator("#panel img").count() == 0 and page.locator("#panel script").count() == 0
         assert page.locator("#run-error img").count() == 0 and page.locator("#run-error script").count() == 0
         shoot(page, tmp_path, "failed-step-panel")
+
+
+def test_a_cancelled_runs_page_says_who_cancelled_it_and_why(api: Api) -> None:
+    graph = {"nodes": [{"id": "start", "type": "trigger"},
+                       {"id": "gate", "type": "approval", "data": {"prompt": "go?"}}],
+             "edges": [{"source": "start", "target": "gate"}]}
+    start(api, "cancel-1", graph)
+    deadline = time.monotonic() + 30
+    while api.client.get_run("cancel-1").status != "waiting":  # bounded: until it parks at the gate
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    api.client.cancel("cancel-1", reason="no longer needed " + HOSTILE, by="ops")
+    with logged_in(api) as page:
+        page.goto(api.url + "/runs/cancel-1")
+        expect(page.locator("#status")).to_have_text("cancelled", timeout=30_000)
+        expect(page.locator("#run-error")).to_have_text("cancelled by ops: no longer needed " + HOSTILE)
+        assert page.locator("#run-error img").count() == 0
 
 
 def test_approving_with_a_comment_after_reading_the_show_payload(api: Api, tmp_path: Path) -> None:

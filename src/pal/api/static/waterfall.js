@@ -57,9 +57,13 @@ function showRunError(run) {
   if (!box) return;
   box.hidden = !error || !["failed", "cancelled"].includes(run.status);
   if (box.hidden) return;
-  const where = error.step_id ? `step ${error.step_id} ` : "";
+  if (error.code === "cancelled") {
+    box.textContent = `cancelled by ${error.by || "someone"}` + (error.reason ? `: ${error.reason}` : "");
+    return;
+  }
+  const head = error.step_id ? `${run.status} at step ${error.step_id}` : run.status;
   const what = error.type ? `${error.type}: ` : "";
-  box.textContent = `${run.status} at ${where}`.trimEnd() + ": " + what + (error.message || error.reason || error.code || "");
+  box.textContent = `${head}: ${what}${error.message || error.code || ""}`;
 }
 
 function render(runId, data) {
