@@ -188,20 +188,20 @@ class Runtime:
         by the document's exact JSON text and the tools registered, so a service that starts the
         same graph many times validates it once per process."""
         settings, tools = self.settings, registered_tools()
-        key: str | None = None
-        if isinstance(document, str) and len(document) <= settings.max_graph_bytes:
-            key = document
-        elif isinstance(document, dict):
+        key: str | None = document if isinstance(document, str) else None
+        if isinstance(document, dict):
             try:  # within the depth limit first: a deeper document is refused by parse_plan
                 check_depth(document, settings.max_json_depth)
                 key = json.dumps(document, sort_keys=True, allow_nan=False)
             except (GraphError, TypeError, ValueError):
                 key = None
+        if key is not None and len(key) > settings.max_graph_bytes:
+            key = None  # refused by parse_plan, never kept
         plan = self._valid_plans.get((key, tools)) if key is not None else None
         if plan is None:
             plan = parse_plan(document, known_tools=tools, max_bytes=settings.max_graph_bytes,
                               max_depth=settings.max_json_depth)
-            if key is not None and len(key) <= settings.max_graph_bytes:
+            if key is not None:
                 self._valid_plans.put((key, tools), plan)
         return plan
 

@@ -9,7 +9,7 @@ blocks a worker process.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -179,14 +179,11 @@ def _run_claimed(rt: Runtime, claim: Claim, step_id: str, generation: int,
         limit_s = step_time_limit(node.data, settings)
         # The confidence gate (off unless PAL_CONFIDENCE_GATE says so) judges the action first.
         diverted = gate(rt, claim.run, node, ctx, generation, claim.log)
-        effect = _awaitable(rt, node, ctx, generation, limit_s) if diverted is None else None
-        if effect is not None and rt.async_steps is not None:
-            faults.point("before_effect", step_id, run_id)
-            settle = _Settle(rt, claim, step_id, generation, program, policy, limit_s, paused, after)
-            rt.async_steps.submit(effect, run_id=run_id, generation=generation, limit_s=limit_s,
-                                  finish=settle.awaited)
+        settle = _Settle(rt, claim, step_id, generation, program, policy, limit_s, paused, after)
+        ran = diverted or _run_node(rt, claim.run, node, ctx, generation, limit_s, settle.awaited)
+        if ran is None:
             return StepResult(AWAITING)
-        outcome = diverted or _run_node(rt, claim.run, node, ctx, generation, limit_s)
+        outcome = ran
     except (LeaseLost, LeaseGone, TimeLimitReached, Exception) as exc:
         outcome = exc
     return _Settle(rt, claim, step_id, generation, program, policy, limit_s, paused).settle(outcome)
@@ -250,16 +247,6 @@ class _Settle:
         return _complete(rt, claim.run, step_id, claim.attempt, generation, outcome, self.program, chain)
 
 
-def _awaitable(rt: Runtime, node: Node, ctx: StepContext, generation: int,
-               limit_s: float) -> Coroutine[Any, Any, Any] | None:
-    """The node's effect as a coroutine, on a worker that awaits effects. Made under the lease's
-    heartbeat: making it may take a while (a fresh process imports the provider's SDK)."""
-    if rt.async_steps is None:
-        return None
-    with rt.leases.holding(ctx.run_id, generation, limit_s):
-        return node.kind.awaitable(node.data, ctx)
-
-
 def _input(run: RunRecord) -> Any:
     """The run's input as its steps see it: a child run's stored input names the secrets its parent
     handed on (pal.core.secrets.hand_on), resolved here, in the worker, as a template resolves them."""
@@ -267,11 +254,19 @@ def _input(run: RunRecord) -> Any:
 
 
 def _run_node(rt: Runtime, run: RunRecord, node: Node, ctx: StepContext, generation: int,
-              limit_s: float) -> NodeResult | Park:
+              limit_s: float, finish: Callable[[Any], None]) -> NodeResult | Park | None:
     """The node's effect, under the lease heartbeat and the step's time limit; its result checked
-    (JSON, size, depth) and scrubbed of secret values before anything journals it."""
+    (JSON, size, depth) and scrubbed of secret values before anything journals it. On a worker
+    that awaits effects, an awaitable one goes to the event loop (pal.engine.async_steps), whose
+    finisher gets its outcome (`finish`): None then. It is made under the heartbeat too: making it
+    may take a while (a fresh process imports the provider's SDK)."""
     with rt.leases.holding(run.id, generation, limit_s):
+        effect = node.kind.awaitable(node.data, ctx) if rt.async_steps is not None else None
         faults.point("before_effect", ctx.step_id, run.id)
+        if effect is not None and rt.async_steps is not None:
+            rt.async_steps.submit(effect, run_id=run.id, generation=generation, limit_s=limit_s,
+                                  finish=finish)
+            return None
         raw = node.kind.execute(node.data, ctx)
         faults.point("after_effect", ctx.step_id, run.id)
     return _checked(rt, run, raw)

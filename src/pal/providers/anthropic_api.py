@@ -11,8 +11,7 @@ from typing import Any
 
 import anthropic
 
-from pal.errors import ProviderError, ProviderTimeout
-from pal.providers.base import AsyncClients, ModelRequest, ModelResponse, Provider
+from pal.providers.base import AsyncClients, ModelRequest, ModelResponse, Provider, sdk_errors
 
 
 def _messages(request: ModelRequest) -> list[dict[str, Any]]:
@@ -48,19 +47,15 @@ class AnthropicProvider(Provider):
         self._async = AsyncClients(lambda: anthropic.AsyncAnthropic(**options))
 
     def complete(self, request: ModelRequest, idempotency_key: str) -> ModelResponse:
-        try:
+        with sdk_errors("anthropic", anthropic.APIError, anthropic.APITimeoutError):
             reply = self._client.messages.create(
                 **_arguments(request), extra_headers={"Idempotency-Key": idempotency_key})
-        except anthropic.APIError as exc:
-            raise _failure(exc) from exc
         return _response(reply, request)
 
     async def acomplete(self, request: ModelRequest, idempotency_key: str) -> ModelResponse:
-        try:
+        with sdk_errors("anthropic", anthropic.APIError, anthropic.APITimeoutError):
             reply = await self._async.client().messages.create(
                 **_arguments(request), extra_headers={"Idempotency-Key": idempotency_key})
-        except anthropic.APIError as exc:
-            raise _failure(exc) from exc
         return _response(reply, request)
 
 
@@ -76,12 +71,6 @@ def _arguments(request: ModelRequest) -> dict[str, Any]:
         kwargs["tools"] = [{"name": t.name, "description": t.description,
                             "input_schema": t.parameters} for t in request.tools]
     return kwargs
-
-
-def _failure(exc: anthropic.APIError) -> ProviderError:
-    if isinstance(exc, anthropic.APITimeoutError):
-        return ProviderTimeout(f"anthropic: no answer in time: {exc}")
-    return ProviderError(f"anthropic: {type(exc).__name__}: {exc}")
 
 
 def _response(reply: Any, request: ModelRequest) -> ModelResponse:

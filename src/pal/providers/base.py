@@ -11,9 +11,12 @@ from __future__ import annotations
 import asyncio
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
+
+from pal.errors import ProviderError, ProviderTimeout
 
 C = TypeVar("C")
 
@@ -65,6 +68,18 @@ class Provider(ABC):
     async def acomplete(self, request: ModelRequest, idempotency_key: str) -> ModelResponse:
         """`complete`, awaited (a provider that `speaks_async`)."""
         raise NotImplementedError(f"provider {self.name!r} has no async client")
+
+
+@contextmanager
+def sdk_errors(name: str, api_error: type[Exception], timeout_error: type[Exception]) -> Iterator[None]:
+    """An SDK's failures as PAL's: its timeout as ProviderTimeout, any other API error as
+    ProviderError (the SDK's timeout is one of its API errors, so it is looked at first)."""
+    try:
+        yield
+    except timeout_error as exc:
+        raise ProviderTimeout(f"{name}: no answer in time: {exc}") from exc
+    except api_error as exc:
+        raise ProviderError(f"{name}: {type(exc).__name__}: {exc}") from exc
 
 
 class AsyncClients(Generic[C]):

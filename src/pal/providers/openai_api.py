@@ -12,8 +12,8 @@ from typing import Any
 
 import openai
 
-from pal.errors import ProviderError, ProviderTimeout
-from pal.providers.base import AsyncClients, ModelRequest, ModelResponse, Provider
+from pal.errors import ProviderError
+from pal.providers.base import AsyncClients, ModelRequest, ModelResponse, Provider, sdk_errors
 
 
 def _messages(request: ModelRequest) -> list[dict[str, Any]]:
@@ -44,19 +44,15 @@ class OpenAIProvider(Provider):
         self._async = AsyncClients(lambda: openai.AsyncOpenAI(**options))
 
     def complete(self, request: ModelRequest, idempotency_key: str) -> ModelResponse:
-        try:
+        with sdk_errors("openai", openai.APIError, openai.APITimeoutError):
             reply = self._client.chat.completions.create(
                 **_arguments(request), extra_headers={"Idempotency-Key": idempotency_key})
-        except openai.APIError as exc:
-            raise _failure(exc) from exc
         return _response(reply, request)
 
     async def acomplete(self, request: ModelRequest, idempotency_key: str) -> ModelResponse:
-        try:
+        with sdk_errors("openai", openai.APIError, openai.APITimeoutError):
             reply = await self._async.client().chat.completions.create(
                 **_arguments(request), extra_headers={"Idempotency-Key": idempotency_key})
-        except openai.APIError as exc:
-            raise _failure(exc) from exc
         return _response(reply, request)
 
 
@@ -72,12 +68,6 @@ def _arguments(request: ModelRequest) -> dict[str, Any]:
     if request.tools:
         kwargs["tools"] = [{"type": "function", "function": t.as_dict()} for t in request.tools]
     return kwargs
-
-
-def _failure(exc: openai.APIError) -> ProviderError:
-    if isinstance(exc, openai.APITimeoutError):
-        return ProviderTimeout(f"openai: no answer in time: {exc}")
-    return ProviderError(f"openai: {type(exc).__name__}: {exc}")
 
 
 def _response(reply: Any, request: ModelRequest) -> ModelResponse:
