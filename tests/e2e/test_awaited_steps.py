@@ -21,7 +21,7 @@ from pal.storage.database import create_engine
 from tests.conftest import Backend
 from tests.support.graphs import edge
 from tests.support.processes import Processes
-from tests.support.servers import FakeModelServer
+from tests.support.servers import FakeModelServer, SmtpReceiver, WebhookReceiver
 from tests.support.tools import calls
 
 POOL = 4
@@ -81,6 +81,39 @@ def test_hundreds_of_model_steps_await_at_once_in_one_solo_worker_on_a_bounded_p
             assert 0 < peak <= POOL, f"{peak} connections for a pool of {POOL}"
             log = (processes.folder / "solo.log").read_text()
             assert "awaited steps: up to 1000 in flight per worker process" in log
+        finally:
+            client.close()
+            journal.dispose()
+
+
+def test_webhook_and_email_deliveries_await_at_once_in_one_solo_worker_each_delivered_once(
+        processes: Processes, postgres_backend: Backend) -> None:
+    runs = 60
+    with WebhookReceiver(delay=1.0) as hooks, SmtpReceiver() as smtp:
+        graph = chain([
+            {"id": "m-hook", "type": "connector", "data": {"url": hooks.url, "body": {"n": "{{ input.n }}"}}},
+            {"id": "m-mail", "type": "email", "data": {"to": "ada@example.test", "from": "pal@example.test",
+                                                       "subject": "run {{ input.n }}", "body": "done"}}])
+        processes.common["PAL_SMTP_URL"] = f"smtp://{smtp.host}:{smtp.port}"
+        processes.worker("solo")
+        client = Client(postgres_backend.settings)
+        journal = create_engine(postgres_backend.settings.database_url)
+        try:
+            run_ids = [client.start_run(graph, {"n": r}) for r in range(runs)]
+            most, deadline = 0, time.monotonic() + 120
+            while time.monotonic() < deadline:  # bounded: until every run finished
+                most = max(most, in_flight(journal))
+                if all(client.get_run(r).terminal for r in run_ids):
+                    break
+                time.sleep(0.05)
+            failed = [(r, client.get_run(r).error) for r in run_ids if client.get_run(r).status != "succeeded"]
+            assert failed == [], failed[:3]
+            # A solo worker has one thread: a webhook sent from it would wait its second alone.
+            assert most > 10, f"at most {most} deliveries waited at once in a solo worker"
+            assert sorted(hooks.idempotency_keys()) == sorted(idempotency_key(r, "m-hook", 1) for r in run_ids)
+            assert sorted(smtp.message_ids()) == sorted(f"<{idempotency_key(r, 'm-mail', 1)}@pal>" for r in run_ids)
+            statuses = Counter(row["status"] for r in run_ids for row in client.runtime.journal.receipts(r))
+            assert statuses == Counter({"delivered": 2 * runs})
         finally:
             client.close()
             journal.dispose()

@@ -6,6 +6,7 @@ HTTP server on 127.0.0.1), the confidence gate's action and a model's unreadable
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import threading
 from collections.abc import Callable, Iterator
@@ -129,15 +130,18 @@ def _webhook(server: _Answers, status: int) -> Callable[[str], str]:
     """What a connector's delivery makes of an answer: its error's message, or its delivered body."""
     url = f"http://127.0.0.1:{server.server_address[1]}/hook"
 
-    def produce(text: str) -> str:
-        server.status, server.text = status, text
-        with httpx.Client(trust_env=False) as client:
+    async def answer() -> str:
+        async with httpx.AsyncClient(trust_env=False) as client:
             send = connector._sender(client, lambda: client.build_request("POST", url, json={}), "127.0.0.1",
                                      (ipaddress.IPv4Address("127.0.0.1"),), None, "webhook POST", 10)
             try:
-                return str(send()["body"])
+                return str((await send())["body"])
             except (DeliveryError, DeliveryOutcomeUnknown) as exc:
                 return str(exc)
+
+    def produce(text: str) -> str:
+        server.status, server.text = status, text
+        return asyncio.run(answer())
 
     return produce
 

@@ -261,8 +261,8 @@ def _run_node(rt: Runtime, run: RunRecord, node: Node, ctx: StepContext, generat
     finisher gets its outcome (`finish`): None then. It is made under the heartbeat too: making it
     may take a while (a fresh process imports the provider's SDK)."""
     with rt.leases.holding(run.id, generation, limit_s):
-        effect = node.kind.awaitable(node.data, ctx) if rt.async_steps is not None else None
         faults.point("before_effect", ctx.step_id, run.id)
+        effect = node.kind.awaitable(node.data, ctx) if rt.async_steps is not None else None
         if effect is not None and rt.async_steps is not None:
             rt.async_steps.submit(effect, run_id=run.id, generation=generation, limit_s=limit_s,
                                   finish=finish)

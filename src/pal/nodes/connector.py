@@ -17,7 +17,7 @@ import functools
 import os
 import re
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -27,8 +27,8 @@ from pal.core import egress, templates
 from pal.core.redact import bounded, redact_bounded
 from pal.core.secrets import scrub_known
 from pal.errors import DeliveryError, DeliveryOutcomeUnknown, DeliveryTimeout
-from pal.nodes.base import ANY, Field, NodeKind, StepContext
-from pal.nodes.delivery import deliver
+from pal.nodes.base import ANY, Field, NodeKind, StepContext, run_to_end
+from pal.nodes.delivery import delivery
 
 METHODS = ("POST", "PUT", "PATCH", "DELETE")
 MAX_TEXT_ANSWER_CHARS = 4000  # of a delivered answer that is not JSON
@@ -102,6 +102,10 @@ class Connector(NodeKind):
         return problems
 
     def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:
+        return run_to_end(self.awaitable(data, ctx))
+
+    def awaitable(self, data: Mapping[str, Any], ctx: StepContext) -> Coroutine[Any, Any, Any]:
+        """Check the target and claim the receipt here; the request itself is awaited."""
         services = ctx.need_services()
         url = str(ctx.render(data["url"]))
         method = str(data.get("method", "POST")).upper()
@@ -113,33 +117,41 @@ class Connector(NodeKind):
         # trust_env=False: no HTTP(S)_PROXY/ALL_PROXY (a proxy would connect to the NAME, after the
         # guard checked an address) and no .netrc credentials; SSL_CERT_FILE/DIR are still read.
         # follow_redirects=False (httpx's default, stated so it stays): a 3xx is the receiver's
-        # answer, never a hop to a target the guard did not check.
-        with httpx.Client(trust_env=False, verify=tls_context(), follow_redirects=False) as client:
+        # answer, never a hop to a target the guard did not check. A client per delivery: pooled
+        # connections are keyed by the pinned address, and one verified for another name's
+        # certificate must never carry this request.
+        client = httpx.AsyncClient(trust_env=False, verify=tls_context(), follow_redirects=False)
 
-            def build() -> httpx.Request:
-                return client.build_request(method, url, json=body, headers=headers, timeout=timeout)
+        def build() -> httpx.Request:
+            return client.build_request(method, url, json=body, headers=headers, timeout=timeout)
 
-            # Everything below, up to `deliver`, happens before a receipt is claimed: a request
-            # PAL cannot form, or a target the guard refuses, fails the step with nothing claimed
-            # and nothing sent.
-            try:
-                request = build()
-                scheme, host = request.url.scheme, request.url.raw_host.decode("ascii")
-            except (httpx.InvalidURL, ValueError, TypeError) as exc:  # UnicodeError is a ValueError
-                raise DeliveryError(f"{what}: not a request PAL can send: {exc}") from exc
-            if scheme not in DEFAULT_PORTS or not host:
-                raise DeliveryError(f"url {url!r} rendered to something that is not an http(s) URL")
-            port = request.url.port or DEFAULT_PORTS[scheme]
-            unresolved: egress.Unresolvable | None = None
-            addresses: tuple[egress.Address, ...] = ()
-            try:
-                addresses = egress.check(host, port, services.setting("egress_allow"))
-            except egress.Unresolvable as exc:
-                # Reported by `send`, after the claim: on a re-drive that finds an earlier claim,
-                # the receipt protocol must still say "in doubt" rather than allow a retry.
-                unresolved = exc
-            send = _sender(client, build, host, addresses, unresolved, what, timeout)
-            return deliver(ctx, "webhook", f"{method} {url}", bool(data.get("idempotentReceiver")), send)
+        # Everything below, up to `delivery`, happens before a receipt is claimed: a request PAL
+        # cannot form, or a target the guard refuses, fails the step with nothing claimed and
+        # nothing sent.
+        try:
+            request = build()
+            scheme, host = request.url.scheme, request.url.raw_host.decode("ascii")
+        except (httpx.InvalidURL, ValueError, TypeError) as exc:  # UnicodeError is a ValueError
+            raise DeliveryError(f"{what}: not a request PAL can send: {exc}") from exc
+        if scheme not in DEFAULT_PORTS or not host:
+            raise DeliveryError(f"url {url!r} rendered to something that is not an http(s) URL")
+        port = request.url.port or DEFAULT_PORTS[scheme]
+        unresolved: egress.Unresolvable | None = None
+        addresses: tuple[egress.Address, ...] = ()
+        try:
+            addresses = egress.check(host, port, services.setting("egress_allow"))
+        except egress.Unresolvable as exc:
+            # Reported by `send`, after the claim: on a re-drive that finds an earlier claim,
+            # the receipt protocol must still say "in doubt" rather than allow a retry.
+            unresolved = exc
+        send = _sender(client, build, host, addresses, unresolved, what, timeout)
+        effect = delivery(ctx, "webhook", f"{method} {url}", bool(data.get("idempotentReceiver")), send)
+
+        async def delivered() -> Any:
+            async with client:
+                return await effect
+
+        return delivered()
 
 
 def _headers(rendered: Any, what: str) -> dict[str, str]:
@@ -168,16 +180,16 @@ def _pin(request: httpx.Request, address: egress.Address, host: str) -> httpx.Re
     return request
 
 
-def _sender(client: httpx.Client, build: Callable[[], httpx.Request], host: str,
+def _sender(client: httpx.AsyncClient, build: Callable[[], httpx.Request], host: str,
             addresses: tuple[egress.Address, ...], unresolved: egress.Unresolvable | None, what: str,
-            timeout: float) -> Callable[[], dict[str, Any]]:
-    def send() -> dict[str, Any]:
+            timeout: float) -> Callable[[], Awaitable[dict[str, Any]]]:
+    async def send() -> dict[str, Any]:
         if unresolved is not None:
             raise DeliveryError(f"{what}: {unresolved}")
         refused: httpx.ConnectError | None = None
         for address in addresses:  # the resolver's order, as a plain connect would try them
             try:
-                reply = client.send(_pin(build(), address, host))
+                reply = await client.send(_pin(build(), address, host))
             except httpx.ConnectError as exc:  # nothing reached this address: try the next one
                 refused = refused or exc  # the preferred address's error is the one to report
                 continue

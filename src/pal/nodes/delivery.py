@@ -9,12 +9,16 @@ attempt's idempotency key). Then:
                        keys, send again with the same key; otherwise journal it as in doubt and
                        fail the step with code `delivery_in_doubt` rather than risk a second delivery.
 The same holds within one invocation when a send breaks off with its outcome unknown.
+
+The claim is made where the step runs (`delivery`, a journal call in the worker's thread); the send
+is awaited (on the worker's event loop, pal.engine.async_steps), so a delivery that waits on its
+receiver holds no worker thread. The receipt's settlement, a journal call, runs off the loop.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, NoReturn
 
 from pal.core import faults
@@ -23,10 +27,13 @@ from pal.nodes.base import StepContext
 
 RESEND_PAUSES_S = (0.2, 0.5, 1.0)  # an idempotent receiver whose answer was lost: same key again
 
+Delivered = dict[str, Any]
 
-def deliver(ctx: StepContext, effect_kind: str, target: str, idempotent_receiver: bool,
-            send: Callable[[], Any]) -> Any:
-    """Run `send` at most once per attempt (or again with the same key for idempotent receivers).
+
+def delivery(ctx: StepContext, effect_kind: str, target: str, idempotent_receiver: bool,
+             send: Callable[[], Awaitable[Any]]) -> Coroutine[Any, Any, Delivered]:
+    """Claim this attempt's receipt now, then return the delivery to await: `send` at most once
+    per attempt (or again with the same key for idempotent receivers).
 
     Only a failure that proves nothing was delivered (refused connection, a 4xx answer, refused
     recipients) settles the receipt `failed` and may be retried, as a new attempt with a new key.
@@ -36,22 +43,31 @@ def deliver(ctx: StepContext, effect_kind: str, target: str, idempotent_receiver
     receipts = ctx.need_receipts()
     receipt = receipts.claim(effect_kind, target)
     if receipt.status == "delivered":
-        return {"delivered": True, "replayed": True, "response": receipt.response}
+        return _ready({"delivered": True, "replayed": True, "response": receipt.response})
     if receipt.status == "failed":
         raise DeliveryError(f"{effect_kind} to {target} failed earlier: {receipt.response}")
     if not receipt.new and not idempotent_receiver:
         _in_doubt(ctx, effect_kind, target, "claimed but never confirmed (the worker stopped mid-delivery)")
     faults.point("after_receipt_claim", ctx.step_id, ctx.run_id)
-    attempts = 1 + (len(RESEND_PAUSES_S) if idempotent_receiver else 0)
+    return _send(ctx, effect_kind, target, 1 + (len(RESEND_PAUSES_S) if idempotent_receiver else 0), send)
+
+
+async def _ready(value: Delivered) -> Delivered:
+    return value
+
+
+async def _send(ctx: StepContext, effect_kind: str, target: str, attempts: int,
+                send: Callable[[], Awaitable[Any]]) -> Delivered:
+    receipts = ctx.need_receipts()
     last: BaseException | None = None
     for round_ in range(attempts):
         if round_:
-            time.sleep(RESEND_PAUSES_S[round_ - 1])
+            await asyncio.sleep(RESEND_PAUSES_S[round_ - 1])
         try:
-            response = send()
+            response = await send()
         except DeliveryError as exc:
             if exc.definitely_not_sent:
-                receipts.settle("failed", {"error": str(exc)})
+                await asyncio.to_thread(receipts.settle, "failed", {"error": str(exc)})
                 raise
             last = exc
             continue
@@ -60,12 +76,13 @@ def deliver(ctx: StepContext, effect_kind: str, target: str, idempotent_receiver
             continue
         faults.point("after_delivery", ctx.step_id, ctx.run_id)
         try:
-            receipts.settle("delivered", response)
+            await asyncio.to_thread(receipts.settle, "delivered", response)
         except Exception as exc:  # delivered, but not recorded: a retry must not send again
             _in_doubt(ctx, effect_kind, target, f"delivered, but its receipt could not be settled: {exc}",
                       record=False)
         return {"delivered": True, "replayed": False, "response": response}
-    _in_doubt(ctx, effect_kind, target, f"outcome unknown: {type(last).__name__}: {last}")
+    why = f"outcome unknown: {type(last).__name__}: {last}"
+    await asyncio.to_thread(_in_doubt, ctx, effect_kind, target, why)
     raise AssertionError("unreachable")  # _in_doubt raises
 
 

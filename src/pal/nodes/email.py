@@ -12,9 +12,13 @@ or a CR/LF inside an item cannot add a recipient or a header.
 
 from __future__ import annotations
 
+import asyncio
 import email.policy
+import functools
+import os
 import smtplib
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from email import errors
 from email.headerregistry import Address, AddressHeader, HeaderRegistry
 from email.message import EmailMessage
@@ -23,10 +27,11 @@ from typing import Any, ClassVar
 from pal.config import smtp_address
 from pal.core import egress, templates
 from pal.errors import DeliveryError, DeliveryOutcomeUnknown, DeliveryTimeout
-from pal.nodes.base import Field, NodeKind, StepContext
-from pal.nodes.delivery import deliver
+from pal.nodes.base import Field, NodeKind, StepContext, run_to_end
+from pal.nodes.delivery import delivery
 
 _HEADERS = HeaderRegistry()
+SMTP_SENDER_THREADS = 8
 
 
 def one_address(text: str) -> Address | str:
@@ -81,6 +86,11 @@ class Email(NodeKind):
         return problems
 
     def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:
+        return run_to_end(self.awaitable(data, ctx))
+
+    def awaitable(self, data: Mapping[str, Any], ctx: StepContext) -> Coroutine[Any, Any, Any]:
+        """Check the addresses, form the message and claim the receipt here; the SMTP exchange
+        runs on one of a few sender threads (smtplib blocks), awaited, so it holds no worker."""
         services = ctx.need_services()
         to = ctx.render(data["to"])
         items = [str(r) for r in (to if isinstance(to, list) else [to])]
@@ -114,7 +124,7 @@ class Email(NodeKind):
         host, port = smtp_address(services.setting("smtp_url"))
         timeout = float(services.setting("delivery_timeout"))
 
-        def send() -> dict[str, Any]:
+        def exchange() -> dict[str, Any]:
             try:
                 with smtplib.SMTP(host, port, timeout=timeout) as smtp:
                     refused = smtp.send_message(message, from_addr=envelope_from, to_addrs=recipients)
@@ -129,4 +139,14 @@ class Email(NodeKind):
             return {"message_id": message["Message-ID"], "recipients": recipients,
                     "refused": sorted(refused)}
 
-        return deliver(ctx, "email", ", ".join(recipients), bool(data.get("idempotentReceiver")), send)
+        async def send() -> dict[str, Any]:
+            return await asyncio.get_running_loop().run_in_executor(_senders(os.getpid()), exchange)
+
+        return delivery(ctx, "email", ", ".join(recipients), bool(data.get("idempotentReceiver")), send)
+
+
+@functools.cache
+def _senders(pid: int) -> ThreadPoolExecutor:
+    """The threads process `pid`'s SMTP exchanges run on (a forked child makes its own): a few,
+    as e-mail steps are few and an SMTP server limits the connections one client may open."""
+    return ThreadPoolExecutor(SMTP_SENDER_THREADS, thread_name_prefix="pal-smtp")
