@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BASE_STAMP := $(VENV)/.installed-base
 
-.PHONY: demo test test-qemu lint typecheck unit bench soak clean browser vm-guest
+.PHONY: demo test test-lowest test-compat test-qemu lint typecheck unit bench soak clean browser vm-guest
 
 # `make demo` installs PAL alone; `make test` adds the dev tools (pytest, ruff, mypy, playwright, ...);
 # both at the exact versions of constraints.txt, inside pyproject.toml's ranges.
@@ -26,6 +26,21 @@ demo: $(BASE_STAMP)
 # with PYTEST_ARGS, one plain pytest run of what they select.
 test: $(STAMP) lint typecheck browser vm-guest
 	$(if $(PYTEST_ARGS),$(BIN)/pytest $(PYTEST_ARGS),$(BIN)/python -m tests.run_suite)
+
+# The core and end-to-end lanes again on the lowest supported stack (constraints-lowest.txt:
+# Celery 5.5, kombu 5.5, redis-py 5, SQLAlchemy 2.0, FastAPI 0.115, OpenAI 1.x) in .venv-lowest;
+# CI runs it after `make test`. `make test-compat` runs both.
+LOWEST := .venv-lowest
+$(LOWEST)/.installed: pyproject.toml constraints-lowest.txt
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/pip install --quiet --upgrade pip
+	$(LOWEST)/bin/pip install --quiet -c constraints-lowest.txt -e '.[dev]'
+	touch $@
+
+test-lowest: $(LOWEST)/.installed browser
+	$(LOWEST)/bin/python -m tests.run_suite --lowest $(PYTEST_ARGS)
+
+test-compat: test test-lowest
 
 # Only the qemu-microvm crash-resume test (make test runs it too).
 test-qemu: $(STAMP) vm-guest
@@ -66,4 +81,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/all.py --reps $(REPS) $(if $(QUICK),--quick,)
 
 clean:
-	rm -rf $(VENV) .pal .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOWEST) .pal .mypy_cache .ruff_cache

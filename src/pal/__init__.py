@@ -1,7 +1,7 @@
 """PAL: durable execution of AI-agent workflow graphs on Celery, journaled in Postgres.
 
-`pal.Client`, `pal.tool` and `pal.PalError` are the public face. They load on first use, so that
-importing one layer (say `pal.core.templates` in a worker's tool module) does not load them all.
+`pal.Client`, `pal.tool`, `pal.install` and `pal.PalError` are the public face. They load on first
+use, so that importing one layer (say `pal.core.templates` in a worker's tool module) does not load them all.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from pal.errors import PalError
 if TYPE_CHECKING:
     from pal.client import Client
     from pal.tools import tool
+    from pal.workers.install import install
 
 __version__ = "0.1.0"
-__all__ = ["Client", "PalError", "__version__", "tool"]
+__all__ = ["Client", "PalError", "__version__", "install", "tool"]
 
 
 def __getattr__(name: str) -> Any:
@@ -27,4 +28,8 @@ def __getattr__(name: str) -> Any:
         from pal.tools import tool
 
         return tool
+    if name == "install":
+        from pal.workers.install import install
+
+        return install
     raise AttributeError(f"module 'pal' has no attribute {name!r}")

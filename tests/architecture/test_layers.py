@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 # layer -> the layers it may import (besides itself). The order is the house, top floor first.
 ALLOWED: dict[str, frozenset[str]] = {
-    "pal": frozenset({"client", "errors", "tools"}),
+    "pal": frozenset({"client", "errors", "tools", "workers"}),
     "cli": frozenset({"client", "api", "workers", "engine", "storage", "plan", "nodes", "providers",
                       "tools", "config", "core", "errors"}),
     "client": frozenset({"workers", "engine", "storage", "plan", "nodes", "providers", "tools",
@@ -47,7 +47,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 # SDK (openai, anthropic) only when a run asks for that provider; the package's face loads the
 # public names on first use.
 LAZY_IMPORTS_ALLOWED = ("pal.cli.",)
-LAZY_MODULES = {"pal": ("pal.client", "pal.tools"),
+LAZY_MODULES = {"pal": ("pal.client", "pal.tools", "pal.workers.install"),
                 "pal.providers": ("pal.providers.openai_api", "pal.providers.anthropic_api")}
 
 

@@ -34,6 +34,13 @@ def assert_exactly_once(client: Client, run_id: str) -> None:
 def test_worker_killed_at_fault_point_and_the_sweep_finishes_the_run(
     processes: Processes, postgres_backend: Backend, tmp_path: Path, point: str
 ) -> None:
+    killed_at_then_finished(processes, postgres_backend, tmp_path, point)
+
+
+def killed_at_then_finished(processes: Processes, postgres_backend: Backend, tmp_path: Path, point: str) -> None:
+    """A worker dies at `point` in the second of three steps; a fresh worker and beat finish the
+    run, each step completed once, only the interrupted tool's effect made twice, and only when
+    the kill came after it."""
     counter = tmp_path / "calls.log"
     step = "" if point == "during_finish" else ":s1"
     doomed = processes.worker("doomed", PAL_FAULT_POINT=point + step,

@@ -109,7 +109,10 @@ def test_make_env_generates_fresh_secrets() -> None:
 def test_ci_runs_make_test_with_ci_true() -> None:
     script = (REPO / ".ci" / "run").read_text()
     assert "export CI=true" in script
-    assert script.rstrip().endswith("make test")
+    commands = [line for line in script.splitlines() if line.startswith("make ")]
+    # The whole suite, then its core and end-to-end lanes on the lowest supported stack.
+    assert commands == ["make test", "make test-lowest"]
+    assert script.rstrip().endswith("make test-lowest")
 
 
 def test_readme_opens_with_the_two_commands() -> None:
@@ -145,4 +148,24 @@ def test_pyproject_states_ranges_and_constraints_pin_a_version_inside_each() -> 
         assert requirement.specifier.contains(version), f"constraints.txt's {version} is outside {text}"
     makefile = (REPO / "Makefile").read_text()
     installs = [line for line in makefile.splitlines() if "pip install" in line and "-e " in line]
-    assert installs and all("-c constraints.txt" in line for line in installs), installs
+    assert installs and all("-c constraints.txt" in line or "-c constraints-lowest.txt" in line
+                            for line in installs), installs
+
+
+def test_each_runtime_lower_bound_is_the_version_the_lowest_lane_installs() -> None:
+    """`make test-lowest` runs on constraints-lowest.txt: every runtime dependency's lower bound is
+    the version pinned there, so the bound PAL states is one its suite ran on."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    lowest = {}
+    for line in (REPO / "constraints-lowest.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            lowest[canonicalize_name(name)] = version
+    for text in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+        requirement = Requirement(text)
+        floor = next(spec.version for spec in requirement.specifier if spec.operator == ">=")
+        assert lowest.get(canonicalize_name(requirement.name)) == floor, (text, lowest.get(requirement.name))

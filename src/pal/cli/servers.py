@@ -31,9 +31,13 @@ def worker(
         help="Celery node name, e.g. pal2@%h: each worker on one machine needs its own.")] = None,
 ) -> None:
     """Run a Celery worker that executes graph nodes (same as `celery -A pal.workers worker`)."""
+    import celery
+    import kombu
+
     from pal.core.redact import redact_text
     from pal.tools import registered_tools
     from pal.workers import app as celery_app
+    from pal.workers import celery_private
 
     settings = celery_app.runtime.settings  # the runtime has imported PAL_TOOL_MODULES by now
     queues = f"{settings.queue},{settings.vm_queue}" if vm_host else settings.queue
@@ -47,6 +51,10 @@ def worker(
                "its event loop (async def tools, model calls), holding no thread while they wait "
                "(PAL_ASYNC_STEPS)", err=True)
     typer.echo(f"pal worker: {POOL_CHOICE.get(pool, '')}", err=True)
+    paths = celery_private.fast_paths()
+    if paths.off:  # each says why (pal.workers.celery_private): a newer or older Celery/kombu
+        typer.echo(f"pal worker: Celery {celery.__version__}, kombu {kombu.__version__}: fast paths "
+                   f"{', '.join(paths.off)} off, their public paths on (same guarantees, slower)", err=True)
     tools = ", ".join(sorted(registered_tools())) or "none"
     typer.echo(f"pal worker: lease {settings.lease_ttl:g}s, orphan sweep every "
                f"{settings.recovery_interval:g}s (run `pal beat` once per deployment), tools: {tools}",

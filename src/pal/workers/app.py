@@ -13,6 +13,7 @@ from pal.core.redact import install_log_redaction
 from pal.engine.async_steps import AsyncSteps
 from pal.engine.runtime import Runtime
 from pal.storage.private_files import private_folder
+from pal.workers import celery_private
 from pal.workers.beat import schedule_of
 from pal.workers.fs_transport import TRANSPORT as FILESYSTEM_TRANSPORT
 from pal.workers.node_messages import NodePublisher
@@ -81,40 +82,52 @@ def create_app(settings: Settings) -> PalCelery:
         worker_concurrency=settings.worker_concurrency,
         beat_schedule=schedule_of(settings),
         beat_schedule_filename=str(settings.home / "celerybeat-schedule"),
-        worker_consumer="pal.workers.consumer:Consumer",  # task events leave in batches
     )
+    # Each fast path only where the installed Celery and kombu offer what it needs; else Celery's
+    # and kombu's own, public, paths (pal.workers.celery_private).
+    paths = celery_private.fast_paths()
+    if paths.on("event_batches"):
+        app.conf.update(worker_consumer="pal.workers.consumer:Consumer")  # task events leave in batches
     if settings.is_embedded_broker:
         # The filesystem transport has no broadcast; these worker chats would only add noise.
         app.conf.update(worker_enable_remote_control=False, worker_send_task_events=False,
-                        task_send_sent_event=False, broker_transport=FILESYSTEM_TRANSPORT)
-    node_publisher: NodePublisher | None = None
-    if settings.broker_url.startswith("redis://"):
+                        task_send_sent_event=False,
+                        broker_transport=FILESYSTEM_TRANSPORT if paths.on("atomic_files") else "filesystem")
+    if settings.broker_url.startswith("redis://") and paths.on("redis_transport"):
         app.conf.update(broker_transport=REDIS_TRANSPORT)
+    attach(app, settings)
+    return app
+
+
+def attach(app: Any, settings: Settings) -> Runtime:
+    """PAL's runtime, tasks and worker hooks on `app`: PAL's own app, or a team's (pal.install).
+    Nothing here changes the app's own settings."""
+    node_publisher: NodePublisher | None = None
+    if str(app.conf.broker_url or "").startswith("redis://") and celery_private.fast_paths().on("publisher"):
         node_publisher = NodePublisher(app, EXECUTE_NODE, settings.queue)
     app.node_publisher = node_publisher
-
     publish, publish_batch = publisher_of(app, settings.queue, node_publisher)
-    app.runtime = Runtime(settings, publish, publish_batch)
+    app.runtime = runtime = Runtime(settings, publish, publish_batch)
 
     def awaits_steps(sender: Any = None, **_: Any) -> None:  # a worker of this app, not a client
         if getattr(sender, "app", None) is app:
-            app.runtime.async_steps = AsyncSteps(settings.async_steps, app.runtime.leases)
+            runtime.async_steps = AsyncSteps(settings.async_steps, runtime.leases)
 
     worker_init.connect(awaits_steps, weak=False)
     if node_publisher is not None:
-        app.runtime.own_messages = TakenBack(app, node_publisher)
-    app.runtime.publish_vm = lambda vm_id: app.send_task(SPAWN_VM, args=[vm_id], queue=settings.vm_queue)
-    register_tasks(app)
+        runtime.own_messages = TakenBack(app, node_publisher)
+    runtime.publish_vm = lambda vm_id: app.send_task(SPAWN_VM, args=[vm_id], queue=settings.vm_queue)
+    register_tasks(app, settings.queue, settings.vm_queue)
 
     def flush_traces(**_: Any) -> None:  # a worker (or pool child) stopping exports its batched spans
         # Awaited steps in flight finish and journal first, within a lease's time; the rest lapse
         # and the sweep re-drives them.
-        if app.runtime.async_steps is not None and not app.runtime.async_steps.drain(settings.lease_ttl):
+        if runtime.async_steps is not None and not runtime.async_steps.drain(settings.lease_ttl):
             log.warning("pal worker: stopping with awaited steps in flight; the orphan sweep re-drives them")
-        tracing = app.runtime.__dict__.get("tracing")  # only if this process made one
+        tracing = runtime.__dict__.get("tracing")  # only if this process made one
         if tracing is not None:
             tracing.shutdown()
 
     worker_process_shutdown.connect(flush_traces, weak=False)
     worker_shutdown.connect(flush_traces, weak=False)
-    return app
+    return runtime

@@ -14,6 +14,8 @@ from typing import Any
 import redis
 from kombu.common import maybe_declare
 
+from pal.workers import celery_private
+
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "application/json"
@@ -40,12 +42,11 @@ class BrokerWire:
             # priority 0 (no priority queues), no `x-expires` on the queue (no PEXPIRE), no ETA
             # or expiry in the headers (those go through send_task). A queue set up otherwise
             # needs this wire to follow.
-            priority = channel._get_message_priority({"properties": {"priority": 0}}, reverse=False)
-            self.queue_key = prefix + channel._q_for_pri(queue, priority)
-            dispatcher = app.amqp._event_dispatcher
+            self.queue_key = prefix + celery_private.queue_key(channel, queue)
+            dispatcher = celery_private.event_dispatcher(app)
             self.event_exchange = dispatcher.exchange.name
-            self.event_topics = [prefix + topic for topic in
-                                 channel._get_publish_topics(self.event_exchange, SENT_ROUTING_KEY)]
+            self.event_topics = [prefix + topic for topic in celery_private.publish_topics(
+                channel, self.event_exchange, SENT_ROUTING_KEY)]
             maybe_declare(app.amqp.queues[queue], channel)  # type: ignore[no-untyped-call]
             maybe_declare(dispatcher.exchange, channel)  # type: ignore[no-untyped-call]
             # Its own redis-py connection, with the channel's options, held for the process's life:
@@ -64,7 +65,7 @@ class BrokerWire:
         """The JSON kombu's Redis transport stores for a message (`Channel.basic_publish`)."""
         channel = self.channel
         message = channel.prepare_message(body, 0, CONTENT_TYPE, CONTENT_ENCODING, headers, properties)
-        channel._inplace_augment_message(message, exchange, routing_key)
+        celery_private.augment_message(channel, message, exchange, routing_key)
         return json.dumps(message)
 
     def transaction(self, commands: list[tuple[str, ...]]) -> list[Any]:

@@ -24,6 +24,8 @@ from typing import Any
 
 from celery.worker.consumer import Consumer as CeleryConsumer
 
+from pal.workers import celery_private
+
 EVENT_FLUSH_DELAY = 0.1  # seconds; short next to what a person watching Flower can notice
 EVENT_BUFFER_LIMIT = 1024  # events held before a flush that cannot wait: about 340 steps' worth
 
@@ -51,7 +53,7 @@ class Consumer(CeleryConsumer):  # type: ignore[misc]
 
     def _oldest_event_age(self) -> float:
         """Seconds since the oldest buffered event was made; infinite when none waits."""
-        buffers = self.event_dispatcher._group_buffer.values() if self.event_dispatcher else ()
+        buffers = celery_private.buffered_events(self.event_dispatcher) if self.event_dispatcher else ()
         oldest = min((events[0]["timestamp"] for events in buffers if events), default=None)
         return float("inf") if oldest is None else time.time() - oldest
 

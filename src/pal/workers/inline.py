@@ -30,14 +30,13 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
-from celery._state import _task_stack
 from celery.utils.saferepr import saferepr
 from celery.worker import state as worker_state
 from celery.worker.strategy import default as celery_strategy
 from kombu.utils import json as kombu_json
 
 from pal.errors import StepFailed
-from pal.workers import redis_transport
+from pal.workers import celery_private, redis_transport
 from pal.workers.node_messages import OwnMessage
 from pal.workers.task_names import SENT_AT_HEADER
 
@@ -66,6 +65,8 @@ def execute_node_strategy(task: Any, app: Any, consumer: Any, **options: Any) ->
     celery_handler: Callable[..., None] = celery_strategy(task, app, consumer, **options)
     if type(consumer.pool).__module__ != SOLO_POOL_MODULE:
         return celery_handler  # the step runs in a pool process or thread, as Celery arranges it
+    if not celery_private.fast_paths().on("inline"):
+        return celery_handler  # Celery's own strategy: the public path
     redis_transport.AT_MOST_ONCE_TASKS.add(task.name)
     log.info("pid %d runs %s inline (solo pool)", os.getpid(), task.name)
     return InlineSteps(task, app, consumer, celery_handler).handle
@@ -101,17 +102,17 @@ class InlineSteps:
                 if isinstance(taken, OwnMessage):
                     self.pending.append(taken)
                 elif taken is not None:
-                    self._deliver(message.channel, taken)
+                    self._hand_over(message.channel, taken)
                 if not self.pending:
                     return
                 delivery = self.pending.popleft()
         finally:
             self.running = False
 
-    def _deliver(self, channel: Any, raw: str | bytes) -> None:
+    def _hand_over(self, channel: Any, raw: str | bytes) -> None:
         """Hand a taken message to kombu and Celery's consumer, as a BRPOP reply would be."""
         try:
-            channel.connection._deliver(_envelope(raw), self.queue)
+            celery_private.deliver_taken(channel, _envelope(raw), self.queue)
         except Exception as exc:  # anyone who reaches the broker can push anything onto the queue
             log.warning("a message taken from queue %s was dropped: %r", self.queue, exc)
 
@@ -203,13 +204,14 @@ class InlineSteps:
         """The task function on its arguments, with the request Celery's tracer would set (its id,
         parent and root link the successors' messages; `sent_at` comes from the message's headers)."""
         task = self.task
-        _task_stack.push(task)
+        stack = celery_private.task_stack()
+        stack.push(task)
         task.push_request(called_directly=False, hostname=self.consumer.hostname, **request)
         try:
             return task.run(*args, **task_kwargs)
         finally:
             task.pop_request()
-            _task_stack.pop()
+            stack.pop()
 
 
 def _sends_task_events(eventer: Any) -> bool:

@@ -38,6 +38,7 @@ from typing import Any
 
 from kombu.utils.uuid import uuid
 
+from pal.workers import celery_private
 from pal.workers.broker_wire import SENT_ROUTING_KEY, BrokerWire
 from pal.workers.task_names import SENT_AT_HEADER
 
@@ -327,8 +328,8 @@ class NodePublisher:
 
     def _sent_event_commands(self, wire: BrokerWire, sent_event: dict[str, Any]) -> list[tuple[str, ...]]:
         """The PUBLISH commands of a task-sent event with `sent_event`'s fields, its route included."""
-        dispatcher = self.app.amqp._event_dispatcher
-        event = dispatcher._prepare_event("task-sent", sent_event)
+        dispatcher = celery_private.event_dispatcher(self.app)
+        event = celery_private.prepare_event(dispatcher, "task-sent", sent_event)
         payload = wire.envelope(json.dumps(event), dispatcher.headers, {"delivery_mode": TRANSIENT},
                                 wire.event_exchange, SENT_ROUTING_KEY)
         return [("PUBLISH", topic, payload) for topic in wire.event_topics]

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from pal.engine.runtime import Publish, PublishBatch
+from pal.workers import celery_private
 from pal.workers.node_messages import Built, NodePublisher, OwnMessage
 from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
 
@@ -41,7 +42,7 @@ def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None) -> 
         if getattr(batching, "producer", None) is not None:  # already batching: join it
             yield
             return
-        with app.producer_or_acquire() as producer, producer.batch():
+        with app.producer_or_acquire() as producer, celery_private.publish_batch(producer):
             batching.producer = producer
             try:
                 yield

@@ -29,12 +29,23 @@ from pal.workers.task_names import (
 log = logging.getLogger(__name__)
 
 
-def register_tasks(app: Celery) -> None:
-    """Register PAL's tasks on `app`, a PalCelery (pal.workers.app) whose `runtime` they use."""
+# Delivery semantics per task (docs/architecture.md, "Delivery"), so that they hold on an app whose
+# own defaults differ (pal.install): a message is acknowledged after its step, given back if its
+# worker is lost, JSON only, no result stored.
+PER_TASK: dict[str, Any] = {
+    "acks_late": True, "reject_on_worker_lost": True, "acks_on_failure_or_timeout": True,
+    "serializer": "json", "ignore_result": True, "store_errors_even_if_ignored": False, "send_events": True,
+}
+
+
+def register_tasks(app: Celery, queue: str, vm_queue: str) -> None:
+    """Register PAL's tasks on `app` (PAL's own app, or a team's: pal.install), whose `runtime` they
+    use; each on PAL's queue (a VM's start on the VM hosts' queue) unless a sender names another."""
+    options, vm_options = {**PER_TASK, "queue": queue}, {**PER_TASK, "queue": vm_queue}
     # `throws`: Celery logs a StepFailed in one INFO line; the engine logged it at ERROR with the
     # step's own traceback (pal.engine.steps), which Celery's would only bury.
     @app.task(name=EXECUTE_NODE, bind=True, shared=False,  # type: ignore[untyped-decorator]
-              throws=(StepFailed,), Strategy="pal.workers.inline:execute_node_strategy")
+              throws=(StepFailed,), Strategy="pal.workers.inline:execute_node_strategy", **options)
     def execute_node(self: Any, run_id: Any, step_id: Any, generation: Any, signature: Any = None) -> str:
         """Execute one graph node of one run (one node per message).
 
@@ -60,7 +71,7 @@ def register_tasks(app: Celery) -> None:
             raise StepFailed(run_id, step_id, str(error.get("type", "")), str(error.get("message", ""))[:500])
         return result.outcome
 
-    @app.task(name=SWEEP_ORPHANS, bind=True, shared=False)  # type: ignore[untyped-decorator]
+    @app.task(name=SWEEP_ORPHANS, bind=True, shared=False, **options)  # type: ignore[untyped-decorator]
     def sweep_orphans(self: Any) -> dict[str, Any]:
         """One pass of the orphan sweep (celery beat sends it every PAL_RECOVERY_INTERVAL)."""
         report = sweep(self.app.runtime)
@@ -68,20 +79,20 @@ def register_tasks(app: Celery) -> None:
                 "recovered": {r: rec.generation for r, rec in report.recovered.items()},
                 "microvm": report.microvm}
 
-    @app.task(name=SPAWN_VM, bind=True, shared=False)  # type: ignore[untyped-decorator]
+    @app.task(name=SPAWN_VM, bind=True, shared=False, **vm_options)  # type: ignore[untyped-decorator]
     def spawn_vm_task(self: Any, vm_id: Any) -> str:
         """Start one VM of a microVM run on this host (`pal worker --vm-host`; docs/isolated-tier.md)."""
         if not isinstance(vm_id, str):
             return "refused: a VM id is a string"
         return spawn_vm(self.app.runtime, vm_id)
 
-    @app.task(name=RECOMPUTE_BASELINES, bind=True, shared=False)  # type: ignore[untyped-decorator]
+    @app.task(name=RECOMPUTE_BASELINES, bind=True, shared=False, **options)  # type: ignore[untyped-decorator]
     def recompute_baselines(self: Any) -> int:
         """Rewrite the per-node baselines from recent steps (celery beat, every PAL_BASELINE_INTERVAL)."""
         written: int = self.app.runtime.journal.recompute_baselines(now=utcnow())
         return written
 
-    @app.task(name=START_RUN, bind=True, shared=False)  # type: ignore[untyped-decorator]
+    @app.task(name=START_RUN, bind=True, shared=False, **options)  # type: ignore[untyped-decorator]
     def start_run_task(
         self: Any, graph: Any, input: Any = None, run_id: str | None = None,
         tenant_id: str | None = None,
