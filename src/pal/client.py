@@ -1,11 +1,16 @@
-"""`pal.Client`: start runs and inspect them from Python."""
+"""`pal.Client` and `pal.AsyncClient`: start runs and inspect them from Python, or from asyncio."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import getpass
 import os
 import time
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ParamSpec, Self, TypeVar
 
 from pal.config import Settings, load_settings
 from pal.core.records import Event, Handoff, RunRecord
@@ -14,7 +19,12 @@ from pal.engine.lineage import SAME_INPUT, fork_run, retry_run
 from pal.engine.runs import cancel, start_run
 from pal.engine.waiting import PendingApproval, decide, pending_approvals
 from pal.errors import PalError, StorageError
+from pal.storage.notify import JournalNotifier
 from pal.workers.app import create_app
+
+P = ParamSpec("P")
+T = TypeVar("T")
+WAKE_AT_LEAST_EVERY_S = 1.0  # an AsyncClient's wait looks again at least this often (a lost NOTIFY)
 
 
 class RunTimeout(PalError):
@@ -141,3 +151,129 @@ class Client:
         self.app.close()
         if "journal" in self.runtime.__dict__:
             self.runtime.journal.engine.dispose()
+
+
+class AsyncClient:
+    """`Client` for asyncio apps: every call runs the synchronous client on one of a few threads
+    (the journal's driver is synchronous), so the event loop never blocks on Postgres; `wait` and
+    `follow` wake on the journal's NOTIFY on Postgres (one listening connection per client, opened
+    on first use) instead of polling, and look again at least every second.
+
+    >>> async with pal.AsyncClient() as client:
+    ...     run_id = await client.start_run(graph, {"ticket": "..."})
+    ...     run = await client.wait(run_id)
+    """
+
+    def __init__(self, settings: Settings | None = None, *, threads: int = 8) -> None:
+        self.sync = Client(settings)
+        self.settings = self.sync.settings
+        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="pal-async-client")
+        self._notifier: JournalNotifier | None = None
+
+    async def _call(self, method: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, functools.partial(method, *args, **kwargs))
+
+    async def start_run(self, graph: Any, input: Any = None, **options: Any) -> str:
+        """As `Client.start_run` (run_id, tenant_id, limits, traceparent)."""
+        return await self._call(self.sync.start_run, graph, input, **options)
+
+    async def retry_run(self, run_id: str, *, new_run_id: str | None = None) -> str:
+        return await self._call(self.sync.retry_run, run_id, new_run_id=new_run_id)
+
+    async def fork_run(self, run_id: str, from_step: str, input: Any = SAME_INPUT, *,
+                       new_run_id: str | None = None) -> str:
+        return await self._call(self.sync.fork_run, run_id, from_step, input, new_run_id=new_run_id)
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        return await self._call(self.sync.get_run, run_id)
+
+    async def events(self, run_id: str, after_seq: int = 0) -> list[Event]:
+        return await self._call(self.sync.events, run_id, after_seq)
+
+    async def list_runs(self, **options: Any) -> list[RunRecord]:
+        return await self._call(self.sync.list_runs, **options)
+
+    async def decide(self, run_id: str, step_id: str, decision: str, **options: Any) -> Handoff:
+        return await self._call(self.sync.decide, run_id, step_id, decision, **options)
+
+    async def pending_approvals(self, run_id: str) -> list[PendingApproval]:
+        return await self._call(self.sync.pending_approvals, run_id)
+
+    async def cancel(self, run_id: str, *, reason: str | None = None, by: str | None = None) -> list[str]:
+        return await self._call(self.sync.cancel, run_id, reason=reason, by=by)
+
+    async def wait(self, run_id: str, timeout: float = 60.0) -> RunRecord:
+        """The run once terminal; RunTimeout after `timeout` seconds (a database briefly
+        unreachable is waited out, as `Client.wait` does)."""
+        deadline = time.monotonic() + timeout
+        status = "unknown"
+        async with self._woken(run_id) as woken:
+            while True:
+                woken.clear()  # before the read: a NOTIFY after it wakes the next wait
+                try:
+                    run = await self.get_run(run_id)
+                except StorageError:
+                    if time.monotonic() > deadline:
+                        raise
+                else:
+                    if run.terminal:
+                        return run
+                    status = run.status
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RunTimeout(f"run {run_id} still {status} after {timeout:g}s")
+                await _woken_or_after(woken, min(left, WAKE_AT_LEAST_EVERY_S))
+
+    async def follow(self, run_id: str, after_seq: int = 0) -> AsyncIterator[Event]:
+        """The run's events after `after_seq`, as they are journaled, until the run is terminal."""
+        async with self._woken(run_id) as woken:
+            while True:
+                woken.clear()
+                terminal = (await self.get_run(run_id)).terminal  # read first: no event after it is missed
+                for event in await self.events(run_id, after_seq):
+                    after_seq = event.seq
+                    yield event
+                if terminal:
+                    return
+                await _woken_or_after(woken, WAKE_AT_LEAST_EVERY_S)
+
+    def _woken(self, run_id: str) -> _Subscription:
+        if self._notifier is None and self.settings.database_url.startswith("postgresql"):
+            self._notifier = JournalNotifier(self.settings.database_url)
+            self._notifier.start(asyncio.get_running_loop())
+        return _Subscription(self._notifier, run_id)
+
+    async def aclose(self) -> None:
+        if self._notifier is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._notifier.stop)
+        self._threads.shutdown(wait=True)
+        self.sync.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+
+class _Subscription:
+    """A run's wake-up event while a wait or a follow looks at it (never set on SQLite)."""
+
+    def __init__(self, notifier: JournalNotifier | None, run_id: str) -> None:
+        self._notifier, self._run_id = notifier, run_id
+        self._event = asyncio.Event()
+
+    async def __aenter__(self) -> asyncio.Event:
+        if self._notifier is not None:
+            self._event = self._notifier.subscribe(self._run_id)
+        return self._event
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._notifier is not None:
+            self._notifier.unsubscribe(self._run_id, self._event)
+
+
+async def _woken_or_after(woken: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(woken.wait(), seconds)

@@ -28,11 +28,11 @@ from pal.api.dashboard import add_dashboard
 from pal.api.errors import add_error_handlers
 from pal.api.headers import SecurityHeaders, add_docs
 from pal.api.limits import BodyLimit, UnstorableUrl, max_request_bytes
-from pal.api.notify import JournalNotifier
 from pal.config import Settings
 from pal.engine.run_receipts import trusted_keys
 from pal.engine.runtime import Runtime
 from pal.storage.database import normalize_url
+from pal.storage.notify import JournalNotifier
 from pal.workers.app import create_app
 
 

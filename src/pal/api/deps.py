@@ -12,9 +12,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from pal.api.auth import Caller
-from pal.api.notify import JournalNotifier
 from pal.core.records import RunRecord
 from pal.engine.runtime import Runtime
+from pal.storage.notify import JournalNotifier
 
 
 # async: reading app state needs no thread, and a sync dependency would cost every request a hop

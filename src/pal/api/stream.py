@@ -1,7 +1,7 @@
 """The live journal: `GET /v1/runs/{run_id}/events` streams a run's events as Server-Sent Events
 as they land, until the run's terminal event (or soon after the stream's token is revoked).
 
-On Postgres a stream sleeps until pal.api.notify's LISTEN connection says its run's journal grew,
+On Postgres a stream sleeps until pal.storage.notify's LISTEN connection says its run's journal grew,
 and polls only as a fallback; on SQLite it polls."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from sse_starlette.sse import EventSourceResponse
 
 from pal.api.auth import Auth, Caller, tenant_of
 from pal.api.deps import Notifier, Rt, own_run
-from pal.api.notify import JournalNotifier
 from pal.core.vocabulary import TERMINAL_EVENT_KINDS
 from pal.engine.runtime import Runtime
+from pal.storage.notify import JournalNotifier
 
 SSE_POLL_SECONDS = 0.2  # SQLite: how often a stream looks for new events
 NOTIFY_FALLBACK_SECONDS = 2.0  # Postgres: streams wake on NOTIFY, and poll this often regardless

@@ -1,5 +1,6 @@
-"""Postgres LISTEN/NOTIFY for SSE: one listening connection per API process wakes the streams of a
-run as soon as its journal grows (a trigger NOTIFYs `pal_journal` with the run id of every event).
+"""Postgres LISTEN/NOTIFY: one listening connection (per API process for its SSE streams, per
+`pal.AsyncClient` for its waits) wakes the waiters of a run as soon as its journal grows (a
+trigger NOTIFYs `pal_journal` with the run id of every event).
 Polling stays as the fallback: a missed notification costs one poll period, never an event."""
 
 from __future__ import annotations
