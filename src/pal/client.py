@@ -67,10 +67,11 @@ class Client:
                               traceparent=traceparent)
         return record.id
 
-    def retry_run(self, run_id: str, *, new_run_id: str | None = None) -> str:
+    def retry_run(self, run_id: str, *, new_run_id: str | None = None, graph: Any = None) -> str:
         """A new run retrying a failed or cancelled run (its completed steps reused); its id
-        (docs/retry-and-fork.md). The same `new_run_id` twice returns the same run."""
-        return retry_run(self.runtime, run_id, run_id=new_run_id).run.id
+        (docs/retry-and-fork.md). `graph`: a fixed graph to run instead, in which every node a
+        completed step ran is unchanged. The same `new_run_id` twice returns the same run."""
+        return retry_run(self.runtime, run_id, run_id=new_run_id, graph=graph).run.id
 
     def fork_run(self, run_id: str, from_step: str, input: Any = SAME_INPUT, *,
                  new_run_id: str | None = None) -> str:
@@ -178,8 +179,8 @@ class AsyncClient:
         """As `Client.start_run` (run_id, tenant_id, limits, traceparent)."""
         return await self._call(self.sync.start_run, graph, input, **options)
 
-    async def retry_run(self, run_id: str, *, new_run_id: str | None = None) -> str:
-        return await self._call(self.sync.retry_run, run_id, new_run_id=new_run_id)
+    async def retry_run(self, run_id: str, *, new_run_id: str | None = None, graph: Any = None) -> str:
+        return await self._call(self.sync.retry_run, run_id, new_run_id=new_run_id, graph=graph)
 
     async def fork_run(self, run_id: str, from_step: str, input: Any = SAME_INPUT, *,
                        new_run_id: str | None = None) -> str:

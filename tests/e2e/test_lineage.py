@@ -187,3 +187,31 @@ def test_cli_refusals_use_the_exit_code_table(api: Api, processes: Processes, tm
         assert result.returncode == code, (args, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr
     assert api.get(f"/v1/runs/{source}").json()["derived_runs"] == []
+
+
+def test_a_retry_with_a_fixed_graph_over_the_cli_and_rest(api: Api, processes: Processes, tmp_path: Path) -> None:
+    ledger = tmp_path / "calls.log"
+    bug = pipeline(ledger, tmp_path / "flaky.log", failures=0)
+    bug["nodes"][2] = {"id": "f", "type": "tool", "data": {"tool": "explode", "args": {"message": "graph bug"}}}
+    source = start(api, bug, {"n": 4}, "src-bug")
+    assert finished(api, source)["status"] == "failed"
+    fixed = json.loads(json.dumps(bug))
+    fixed["nodes"][2] = counted("f", ledger, "fixed")
+    changed = json.loads(json.dumps(fixed))
+    changed["nodes"][1]["data"]["args"]["label"] = "A"  # `a` completed in the source run
+    (tmp_path / "fixed.json").write_text(json.dumps(fixed))
+    (tmp_path / "changed.json").write_text(json.dumps(changed))
+    refused = processes.cli("runs", "retry", source, "--graph", str(tmp_path / "changed.json"))
+    assert refused.returncode == 2 and "node 'a', whose step 'a' completed in run src-bug" in refused.stderr
+    missing = processes.cli("runs", "retry", source, "--graph", str(tmp_path / "nope.json"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    assert refusal(api, f"/v1/runs/{source}/retry", {"graph": changed}).status_code == 422
+    assert refusal(api, f"/v1/runs/{source}/retry", {"graph": {"nodes": "x"}}).status_code == 422
+    assert finished(api, source)["derived_runs"] == []  # nothing written by any refusal
+    retried = processes.cli("runs", "retry", source, "--graph", str(tmp_path / "fixed.json"), "--run-id", "fixed-cli")
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    assert finished(api, "fixed-cli")["output"] == 4
+    made = api.post(f"/v1/runs/{source}/retry", json={"graph": fixed, "run_id": "fixed-rest"})
+    assert made.status_code == 201 and finished(api, "fixed-rest")["status"] == "succeeded"
+    assert calls(ledger).count("a") == 1  # reused by both retries, never run again
+    doctor_clean(processes)

@@ -144,3 +144,56 @@ def test_a_derived_run_counts_towards_max_runs_in_flight(client: Client, tmp_pat
     mine = client.retry_run(source, new_run_id="retry-1")
     assert client.retry_run(source, new_run_id="retry-1") == mine  # idempotent
     assert client.wait(mine, timeout=60).status == "succeeded"
+
+
+def buggy(path: Path) -> dict[str, Any]:
+    """start -> a -> bad (a graph bug: it calls `explode`) -> b -> out."""
+    graph = pipeline(path, path)
+    graph["nodes"][2] = {"id": "f", "type": "tool", "data": {"tool": "explode", "args": {"message": "graph bug"}}}
+    return graph
+
+
+def test_a_run_failed_on_a_graph_bug_retries_with_the_fixed_graph(client: Client, tmp_path: Path) -> None:
+    ledger = tmp_path / "calls.log"
+    source = client.start_run(buggy(ledger), {"n": 5})
+    assert client.wait(source, timeout=60).status == "failed"
+    fixed = buggy(ledger)
+    fixed["nodes"][2] = counted("f", ledger, "fixed")
+    fixed["nodes"][1]["position"] = {"x": 40, "y": 80}  # moved on a canvas: still the same node
+    retried = client.retry_run(source, graph=fixed)
+    run = client.wait(retried, timeout=60)
+    assert (run.status, run.output, run.source_kind) == ("succeeded", 5, "retry")
+    events = client.events(retried)
+    assert reused(events) == ["start", "a"] and started(events) == ["f", "b", "out"]
+    assert calls(ledger) == ["a", "f", "b"]  # `a` ran once, in the source run
+    assert run.graph_hash != client.get_run(source).graph_hash
+    # The same request again is the same run; the source's own graph under that id is other work.
+    assert client.retry_run(source, graph=fixed, new_run_id="fixed-1") == "fixed-1"
+    assert client.retry_run(source, graph=fixed, new_run_id="fixed-1") == "fixed-1"
+    assert client.runtime.journal.violations() == []
+
+
+def test_a_fixed_graph_that_changes_a_completed_node_is_refused_naming_it(client: Client, tmp_path: Path) -> None:
+    ledger = tmp_path / "calls.log"
+    source = client.start_run(buggy(ledger), {"n": 5})
+    assert client.wait(source, timeout=60).status == "failed"
+    count = len(client.list_runs(limit=100))
+    changed = buggy(ledger)
+    changed["nodes"][1]["data"]["args"]["value"] = "other"  # `a` completed: its output would not fit
+    with pytest.raises(InputError, match=r"node 'a', whose step 'a' completed .* changed"):
+        client.retry_run(source, graph=changed)
+    rewired = buggy(ledger)  # a new step before `a`: `a` would have run after something it never saw
+    rewired["nodes"].append(counted("z", ledger))
+    rewired["edges"][0] = edge("start", "z")
+    rewired["edges"].append(edge("z", "a"))
+    with pytest.raises(InputError, match=r"node 'a', whose step 'a' completed .* changed"):
+        client.retry_run(source, graph=rewired)
+    gone = buggy(ledger)
+    gone["nodes"].pop(1)
+    gone["edges"][:2] = [edge("start", "f")]
+    with pytest.raises(InputError, match=r"node 'a', whose step 'a' completed .* is gone"):
+        client.retry_run(source, graph=gone)
+    with pytest.raises(InputError, match="only a graph run retries with a fixed graph"):
+        client.retry_run(source, graph={"kind": "llm", "provider": "scripted", "model": "m", "prompt": "hi"})
+    assert len(client.list_runs(limit=100)) == count and client.derived_runs(source) == []
+    assert calls(ledger) == ["a"]

@@ -45,6 +45,8 @@ class Cancel(Body):
 
 class RetryRun(Body):
     run_id: str | None = Field(None, description="Your own id for the new run: the same id twice returns it")
+    graph: Any = Field(None, description="A fixed graph to run instead of the source's: every node a "
+                                         "completed step ran must be in it unchanged (else 422, naming it)")
 
 
 class ForkRun(Body):

@@ -27,8 +27,9 @@ def _answer(derived: Derived) -> JSONResponse:
 @router.post("/v1/runs/{run_id}/retry", status_code=201)
 def retry(run_id: str, caller: Auth, rt: Rt, body: RetryRun | None = None) -> JSONResponse:
     """A new run that retries a failed or cancelled run: its completed steps reused, the others
-    run again."""
-    return _answer(retry_run(rt, run_id, run_id=body.run_id if body else None, tenant_id=caller.tenant_id))
+    run again; with `graph`, on that fixed graph."""
+    return _answer(retry_run(rt, run_id, run_id=body.run_id if body else None, tenant_id=caller.tenant_id,
+                             graph=body.graph if body else None))
 
 
 @router.post("/v1/runs/{run_id}/fork", status_code=201)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
@@ -66,6 +67,18 @@ def client() -> Client:
         return Client(settings())
     except PalError as exc:
         fail(str(exc), exit_code(exc))
+
+
+def read_graph(path: Path) -> Any:
+    """The graph document in file `path` (JSON or YAML), or exit 2 saying why it is not one."""
+    from pal.plan.documents import load_graph_text
+
+    if not path.is_file():
+        fail(f"graph file {path} does not exist", EXIT_BAD_INPUT)
+    try:
+        return load_graph_text(path.read_text(), max_bytes=settings().max_graph_bytes)
+    except (PalError, UnicodeDecodeError) as exc:
+        fail(f"graph file {path}: {exc}", EXIT_BAD_INPUT)
 
 
 def read_json(text: str | None, what: str) -> Any:

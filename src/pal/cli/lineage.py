@@ -5,6 +5,7 @@ steps (docs/retry-and-fork.md); then follow it as `pal run` does. Exit codes as 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -23,14 +24,19 @@ _TIMEOUT = typer.Option(help="Seconds to follow before giving up (exit 5).")
 
 def runs_retry(
     run_id: Annotated[str, typer.Argument(help="A failed or cancelled run.")],
+    graph: Annotated[Path | None, typer.Option(
+        "--graph", help="A fixed graph (JSON or YAML file) to run instead: every node a completed step "
+                        "ran must be in it unchanged.")] = None,
     new_run_id: Annotated[str | None, _RUN_ID] = None,
     follow: Annotated[bool, _FOLLOW] = True,
     timeout: Annotated[float, _TIMEOUT] = 300.0,
 ) -> None:
     """Retry a failed or cancelled run as a new run: its completed steps are reused (never run
-    again), its failed and unfinished steps run again."""
+    again), its failed and unfinished steps run again (with --graph, as that fixed graph says)."""
+    document = None if graph is None else common.read_graph(graph)
     client = common.client()
-    _derive(client, lambda: client.retry_run(run_id, new_run_id=new_run_id), run_id, "retry", follow, timeout)
+    _derive(client, lambda: client.retry_run(run_id, new_run_id=new_run_id, graph=document), run_id, "retry",
+            follow, timeout)
 
 
 def runs_fork(

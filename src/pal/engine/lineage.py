@@ -13,13 +13,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from pal.core.clock import utcnow
+from pal.core.jcs import canonical
 from pal.core.loop_steps import parse_loop_step
 from pal.core.records import RunRecord
-from pal.core.vocabulary import TERMINAL_STATUSES, RunStatus, SourceKind
+from pal.core.vocabulary import TERMINAL_STATUSES, EventKind, RunStatus, SourceKind
 from pal.engine.runs import check_run_id, check_run_input, new_run_id
 from pal.engine.runtime import Runtime
 from pal.errors import InputError, Refused
-from pal.plan.interpreter import GraphProgram
+from pal.plan.interpreter import GraphProgram, Program
+from pal.plan.programs import Plan
 from pal.plan.references import descendants
 from pal.storage.lineage import Derived, DerivedRequest
 
@@ -37,16 +39,52 @@ SAME_INPUT: Final = _SameInput()
 
 
 def retry_run(rt: Runtime, source_run_id: str, *, run_id: str | None = None,
-              tenant_id: str | None = None) -> Derived:
+              tenant_id: str | None = None, graph: Any = None) -> Derived:
     """A new run retrying a failed or cancelled run: its completed steps reused, the rest run
-    again (new attempts, new idempotency keys). Idempotent on `run_id`. RunNotFound (also for
-    another tenant's run), Refused (not failed or cancelled; a child run; nothing to run),
-    QuotaExceeded, InputError (a bad run id)."""
+    again (new attempts, new idempotency keys). With `graph`, the new run runs that graph, a fix
+    of the source's: each node a completed step ran must be there unchanged (its type, its data,
+    the edges into it), else InputError names the first that changed and nothing is written.
+    Idempotent on `run_id`. RunNotFound (also for another tenant's run), Refused (not failed or
+    cancelled; a child run; nothing to run), QuotaExceeded, InputError (a bad run id), GraphError."""
     check_run_id(run_id)
     source = _source(rt, source_run_id, tenant_id)
+    fixed = None if graph is None else _fixed(rt, source, graph)
     request = DerivedRequest(source.id, run_id or new_run_id(), SourceKind.RETRY, None, source.input,
-                             keep=lambda _step: True, allowed=RETRYABLE, tenant_id=tenant_id)
-    return _create(rt, request)
+                             keep=lambda _step: True, allowed=RETRYABLE, tenant_id=tenant_id,
+                             graph=fixed.document if fixed else None,
+                             graph_hash=fixed.hash if fixed else None)
+    return _create(rt, request, fixed.program if fixed else None)
+
+
+def _fixed(rt: Runtime, source: RunRecord, graph: Any) -> Plan:
+    """`graph` as a retry of `source` may run it: valid, a graph, and every node that a completed
+    step of the source ran unchanged in it (so that step's output still belongs where it is)."""
+    plan = rt.validated_plan(graph)
+    if plan.kind != "graph" or source.kind != "graph":
+        raise InputError(f"only a graph run retries with a fixed graph (run {source.id} is a "
+                         f"{source.kind} run, the new document a {plan.kind} run)")
+    old, new = _definitions(source.graph), _definitions(plan.document)
+    for event in rt.journal.events(source.id):
+        if event.kind != EventKind.STEP_COMPLETED or event.step_id is None:
+            continue
+        node = node_of(event.step_id)
+        if old.get(node) != new.get(node):
+            how = "is gone" if node not in new else "changed (its type, data or incoming edges)"
+            raise InputError(f"node {node!r}, whose step {event.step_id!r} completed in run {source.id}, "
+                             f"{how} in the fixed graph: its output cannot be reused. Keep the nodes that "
+                             "completed as they were, or start a new run with the fixed graph")
+    return plan
+
+
+def _definitions(document: Any) -> dict[str, tuple[bytes, bytes]]:
+    """Each node's definition as a retry compares it: type and data, and the edges into it
+    (canonical JSON); not its position or label on a canvas."""
+    edges: dict[str, list[list[Any]]] = {}
+    for edge in document.get("edges", ()):
+        edges.setdefault(str(edge.get("target")), []).append([edge.get("source"), edge.get("sourceHandle")])
+    return {str(node.get("id")): (canonical([node.get("type"), node.get("data")]),
+                                  canonical(sorted(edges.get(str(node.get("id")), []), key=canonical)))
+            for node in document.get("nodes", ())}
 
 
 def fork_run(rt: Runtime, source_run_id: str, from_step: str, run_input: Any = SAME_INPUT, *,
@@ -91,17 +129,20 @@ def _source(rt: Runtime, run_id: str, tenant_id: str | None) -> RunRecord:
     return source
 
 
-def _create(rt: Runtime, request: DerivedRequest) -> Derived:
+def _create(rt: Runtime, request: DerivedRequest, program: Program | None = None) -> Derived:
     derived = rt.journal.create_derived_run(
-        request, frontier=_frontier(rt), now=utcnow(), lease_ttl=rt.settings.lease_ttl,
+        request, frontier=_frontier(rt, program), now=utcnow(), lease_ttl=rt.settings.lease_ttl,
         max_in_flight=rt.settings.max_runs_in_flight)
     for step_id in derived.dispatch:  # after the commit, as start_run publishes a first step
         rt.publish(derived.run.id, step_id, 1)
     return derived
 
 
-def _frontier(rt: Runtime) -> Callable[[RunRecord, Mapping[str, Any]], Sequence[str]]:
+Frontier = Callable[[RunRecord, Mapping[str, Any]], Sequence[str]]
+
+
+def _frontier(rt: Runtime, program: Program | None) -> Frontier:
     def frontier(source: RunRecord, reused: Mapping[str, Any]) -> Sequence[str]:
-        return rt.program_of(source).redrive_steps(reused)
+        return (program or rt.program_of(source)).redrive_steps(reused)
 
     return frontier

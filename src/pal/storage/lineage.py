@@ -42,6 +42,9 @@ class DerivedRequest:
     keep: Callable[[str], bool]
     allowed: tuple[str, ...]  # the source statuses this kind accepts
     tenant_id: str | None = None  # None: any tenant's run (the CLI, an operator)
+    # A retry's fixed graph (checked by pal.engine.lineage) and its hash; None: the source's.
+    graph: dict[str, Any] | None = None
+    graph_hash: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,9 +81,11 @@ class LineageStore(RunStore):
                 self._check_quota(conn, source.tenant_id, max_in_flight)
             reused = self._reusable(conn, source.id, request.keep)
             inserted = conn.execute(self._insert(runs).values(
-                id=request.run_id, tenant_id=source.tenant_id, kind=source.kind, graph=source.graph,
-                graph_hash=source.graph_hash, input=json_safe(request.run_input), status=RunStatus.QUEUED,
-                tier="shared", cost_usd=Decimal(0), input_tokens=0, output_tokens=0, created_at=now,
+                id=request.run_id, tenant_id=source.tenant_id, kind=source.kind,
+                graph=source.graph if request.graph is None else request.graph,
+                graph_hash=request.graph_hash or source.graph_hash, input=json_safe(request.run_input),
+                status=RunStatus.QUEUED, tier="shared", cost_usd=Decimal(0), input_tokens=0, output_tokens=0,
+                created_at=now,
                 limits=dict(source.limits) if source.limits is not None else None,
                 source_run_id=source.id, source_kind=request.kind, source_step_id=request.from_step,
             ).on_conflict_do_nothing().returning(runs.c.id)).first()
@@ -144,7 +149,7 @@ class LineageStore(RunStore):
                              "for a generated one")
         same = (existing.source_run_id, existing.source_kind, existing.source_step_id) == (
             source.id, request.kind, request.from_step)
-        if not (same and _same_request(existing, source.graph_hash, request.run_input)):
+        if not (same and _same_request(existing, request.graph_hash or source.graph_hash, request.run_input)):
             raise RunIdReused(f"run id {request.run_id!r} is already another run; use a new id (or omit "
                               "it) for new work")
         return existing
