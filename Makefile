@@ -16,15 +16,24 @@ $(BASE_STAMP): pyproject.toml constraints.txt
 	touch $(BASE_STAMP)
 
 $(STAMP): $(BASE_STAMP)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,all]'
 	touch $(STAMP)
+
+# PAL alone, without its optional parts (pyproject.toml's extras): tests/e2e/test_optional_parts.py
+# runs the demo there and checks that what needs a missing part says which extra to install.
+CORE := .venv-core
+$(CORE)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(CORE)
+	$(CORE)/bin/pip install --quiet --upgrade pip
+	$(CORE)/bin/pip install --quiet -c constraints.txt -e .
+	touch $@
 
 demo: $(BASE_STAMP)
 	env -u PAL_DATABASE_URL -u PAL_BROKER_URL $(BIN)/pal demo
 
 # The whole suite in three lanes at once, then the tests that restart Postgres alone (tests/run_suite.py);
 # with PYTEST_ARGS, one plain pytest run of what they select.
-test: $(STAMP) lint typecheck browser vm-guest
+test: $(STAMP) $(CORE)/.installed lint typecheck browser vm-guest
 	$(if $(PYTEST_ARGS),$(BIN)/pytest $(PYTEST_ARGS),$(BIN)/python -m tests.run_suite)
 
 # The core and end-to-end lanes again on the lowest supported stack (constraints-lowest.txt:
@@ -34,10 +43,10 @@ LOWEST := .venv-lowest
 $(LOWEST)/.installed: pyproject.toml constraints-lowest.txt
 	$(PYTHON) -m venv $(LOWEST)
 	$(LOWEST)/bin/pip install --quiet --upgrade pip
-	$(LOWEST)/bin/pip install --quiet -c constraints-lowest.txt -e '.[dev]'
+	$(LOWEST)/bin/pip install --quiet -c constraints-lowest.txt -e '.[dev,all]'
 	touch $@
 
-test-lowest: $(LOWEST)/.installed browser
+test-lowest: $(LOWEST)/.installed $(CORE)/.installed browser
 	$(LOWEST)/bin/python -m tests.run_suite --lowest $(PYTEST_ARGS)
 
 test-compat: test test-lowest
@@ -77,8 +86,8 @@ soak: $(STAMP)
 # docs/benchmarks.md. Not part of `make test`. REPS=5 for more repetitions, QUICK=1 for a smoke run.
 REPS ?= 3
 bench: $(STAMP)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,all,bench]'
 	$(BIN)/python bench/all.py --reps $(REPS) $(if $(QUICK),--quick,)
 
 clean:
-	rm -rf $(VENV) $(LOWEST) .pal .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOWEST) $(CORE) .pal .mypy_cache .ruff_cache

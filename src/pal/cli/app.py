@@ -22,7 +22,8 @@ from typing import Annotated
 import typer
 
 from pal.cli import approvals, db, demo, lineage, prune, receipts, runs, servers, tokens
-from pal.cli.common import exit_code
+from pal.cli.common import EXIT_BAD_INPUT, exit_code
+from pal.core.extras import missing_extra
 from pal.errors import PalError
 
 app = typer.Typer(help="PAL: durable AI-agent graphs on Celery.", no_args_is_help=True,
@@ -69,6 +70,12 @@ def main() -> None:
     except PalError as exc:  # anything not mapped by a command: a clean message, not a trace
         typer.echo(f"error: {exc}", err=True)
         sys.exit(exit_code(exc))
+    except ModuleNotFoundError as exc:  # an optional part this command needs (pal.core.extras)
+        missing = missing_extra(exc, "this command")
+        if missing is None:
+            raise
+        typer.echo(f"error: {missing}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
 
 
 if __name__ == "__main__":

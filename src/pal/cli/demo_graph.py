@@ -9,6 +9,7 @@ the demo can show which calls a crash repeated and which it did not.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections import Counter
@@ -31,9 +32,10 @@ DEMO_TICKETS = [
 def demo_model(env: Mapping[str, str] | None = None) -> tuple[str, str]:
     """(provider, model) of the demo's ai-step: a real provider when its key is set."""
     env = os.environ if env is None else env
-    if env.get("OPENAI_API_KEY"):
+    # A key without its SDK (an optional part, pal[openai]/pal[anthropic]) keeps the offline one.
+    if env.get("OPENAI_API_KEY") and importlib.util.find_spec("openai") is not None:
         return "openai", "gpt-4o-mini"
-    if env.get("ANTHROPIC_API_KEY"):
+    if env.get("ANTHROPIC_API_KEY") and importlib.util.find_spec("anthropic") is not None:
         return "anthropic", "claude-haiku-4-5"
     return "scripted", "scripted-1"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import time
@@ -20,6 +21,7 @@ from pal.core import doorbell, faults, secrets
 from pal.core.anomalies import AnomalyLimits, with_overrides
 from pal.core.budgets import Budget, parse_budget
 from pal.core.clock import utcnow
+from pal.core.extras import missing_extra
 from pal.core.lru import Lru
 from pal.core.records import Fence, RunRecord
 from pal.engine import builtin_tools  # noqa: F401  (registers the built-in tools)
@@ -34,6 +36,8 @@ from pal.providers.pricing import load_prices
 from pal.storage.database import shared_engine
 from pal.storage.journal import Journal
 from pal.tools import load_tool_modules, registered_tools
+
+log = logging.getLogger(__name__)
 
 
 class Publish(Protocol):
@@ -236,8 +240,18 @@ class Runtime:
     @cached_property
     def tracing(self) -> Tracing | None:
         """This process's tracer when the OTEL_* variables configure one (docs/observability.md),
-        made on first use: in a prefork child, after the fork."""
-        return Tracing(salt=os.environ.get("PAL_TRACE_SALT", "")) if configured() else None
+        made on first use: in a prefork child, after the fork. Without the SDK (pal[otel]) traces
+        stay off, with one warning: a missing exporter never fails a run."""
+        if not configured():
+            return None
+        try:
+            return Tracing(salt=os.environ.get("PAL_TRACE_SALT", ""))
+        except ModuleNotFoundError as exc:
+            missing = missing_extra(exc, "tracing (OTEL_EXPORTER_OTLP_ENDPOINT is set)")
+            if missing is None:
+                raise
+            log.warning("%s; traces are off", missing)
+            return None
 
     @cached_property
     def prices(self) -> dict[str, tuple[Decimal, Decimal]]:

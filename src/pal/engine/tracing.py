@@ -29,19 +29,18 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from pal.core.records import RunRecord, Usage
 from pal.core.vocabulary import EventKind
 from pal.storage.journal import Journal
+
+if TYPE_CHECKING:  # the SDK is an optional part (pal[otel]), loaded only when tracing is on
+    from opentelemetry.sdk.trace import SpanProcessor
 
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 # W3C Trace Context, version 00: what a caller's `traceparent` must be to be kept (else ignored).
@@ -89,11 +88,14 @@ def generation_ids(run_id: str, generation: int, salt: str = "") -> tuple[int, i
     return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:24], "big") or 1
 
 
-class _ForcedIds(IdGenerator):
+class _ForcedIds:
     """Random ids, except the next trace and span id when a root span is written with its
-    derived ids (per thread: concurrent writers never take each other's)."""
+    derived ids (per thread: concurrent writers never take each other's). The SDK's IdGenerator
+    in all but name: the SDK only calls these two methods."""
 
     def __init__(self) -> None:
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
         self._random = RandomIdGenerator()
         self._next = threading.local()
 
@@ -148,9 +150,13 @@ class Tracing:
     """The tracer of one process and the spans PAL writes with it."""
 
     def __init__(self, processor: SpanProcessor | None = None, salt: str = "") -> None:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
         self._ids = _ForcedIds()
         resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "pal"})
-        self.provider = TracerProvider(resource=resource, id_generator=self._ids)
+        self.provider = TracerProvider(resource=resource, id_generator=self._ids)  # type: ignore[arg-type]
         if processor is None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 

@@ -10,6 +10,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from pal.core.extras import missing_extra
+from pal.errors import ConfigError
 from pal.storage.private_files import private_database_file
 
 _engines: dict[str, Engine] = {}
@@ -44,6 +46,10 @@ def create_engine(url: str, pool_size: int = DEFAULT_POOL_SIZE) -> Engine:
         return engine
     if pool_size < 2:
         raise ValueError(f"a Postgres pool needs at least 2 connections, not {pool_size}")
+    try:
+        import psycopg2  # noqa: F401  (the driver: an optional part, the app's choice)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(missing_extra(exc, "a Postgres journal") or str(exc)) from exc
     transactions = pool_size // 2
     steady = min(5, transactions)  # kept open; the rest opened when busy and closed when idle again
     engine = sa.create_engine(parsed, pool_size=steady, max_overflow=transactions - steady,

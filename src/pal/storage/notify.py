@@ -11,9 +11,6 @@ import select
 import threading
 from collections import defaultdict
 
-import psycopg2
-import psycopg2.extensions
-
 from pal.storage.database import normalize_url
 
 log = logging.getLogger(__name__)
@@ -60,6 +57,9 @@ class JournalNotifier:
                 self._loop.call_soon_threadsafe(event.set)
 
     def _listen(self) -> None:
+        import psycopg2  # Postgres only: the driver is an optional part (pal[postgres])
+        import psycopg2.extensions
+
         pause = 0.5
         while not self._stop.is_set():
             try:

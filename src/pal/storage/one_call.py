@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from psycopg2.extensions import POLL_OK, POLL_READ, POLL_WRITE
 from sqlalchemy.engine import Engine
 
 from pal.errors import journal_error
@@ -223,6 +222,8 @@ def _wait(connection: Any) -> None:
     """Block until the connection's pending operation is done, as psycopg2's own blocking calls
     would (psycopg2.extras.wait_select, without its handling of Ctrl-C, which a worker leaves to
     its signal handlers)."""
+    from psycopg2.extensions import POLL_OK, POLL_READ, POLL_WRITE  # Postgres only: pal[postgres]
+
     while True:
         state = connection.poll()
         if state == POLL_OK:
