@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from celery.contrib.testing.worker import start_worker
+from kombu.asynchronous import set_event_loop
 
 from pal.client import Client
 
@@ -19,6 +20,10 @@ def in_process_worker(client: Client, concurrency: int = 4) -> Iterator[None]:
     if not client.settings.is_embedded_broker:
         client.app.conf.broker_transport_options = {**client.app.conf.broker_transport_options,
                                                     "polling_interval": 0.1}
+    # A fresh kombu event loop for each worker: Celery 5.5 reuses the process's current one, which
+    # an earlier in-process worker closed, and its timer then never fires a countdown's message
+    # (Celery 5.6 fixed it). A worker process, as in production, has one worker and one loop.
+    set_event_loop(None)
     with start_worker(client.app, pool="threads", concurrency=concurrency, perform_ping_check=False,
                       shutdown_timeout=30, loglevel="WARNING"):
         yield

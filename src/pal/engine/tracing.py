@@ -88,29 +88,31 @@ def generation_ids(run_id: str, generation: int, salt: str = "") -> tuple[int, i
     return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:24], "big") or 1
 
 
-class _ForcedIds:
-    """Random ids, except the next trace and span id when a root span is written with its
-    derived ids (per thread: concurrent writers never take each other's). The SDK's IdGenerator
-    in all but name: the SDK only calls these two methods."""
+def _forced_ids() -> Any:
+    """The SDK's random ids, except the next trace and span id when a root span is written with
+    its derived ids (per thread: concurrent writers never take each other's). Made when tracing
+    starts: the SDK is an optional part (pal[otel])."""
+    from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 
-    def __init__(self) -> None:
-        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+    class ForcedIds(IdGenerator):
+        def __init__(self) -> None:
+            self._random = RandomIdGenerator()
+            self._next = threading.local()
 
-        self._random = RandomIdGenerator()
-        self._next = threading.local()
+        def force(self, trace_id: int, span_id: int) -> None:
+            self._next.trace_id, self._next.span_id = trace_id, span_id
 
-    def force(self, trace_id: int, span_id: int) -> None:
-        self._next.trace_id, self._next.span_id = trace_id, span_id
+        def generate_trace_id(self) -> int:
+            forced: int | None = getattr(self._next, "trace_id", None)
+            self._next.trace_id = None
+            return forced or self._random.generate_trace_id()
 
-    def generate_trace_id(self) -> int:
-        forced: int | None = getattr(self._next, "trace_id", None)
-        self._next.trace_id = None
-        return forced or self._random.generate_trace_id()
+        def generate_span_id(self) -> int:
+            forced: int | None = getattr(self._next, "span_id", None)
+            self._next.span_id = None
+            return forced or self._random.generate_span_id()
 
-    def generate_span_id(self) -> int:
-        forced: int | None = getattr(self._next, "span_id", None)
-        self._next.span_id = None
-        return forced or self._random.generate_span_id()
+    return ForcedIds()
 
 
 class StepSpan:
@@ -154,9 +156,9 @@ class Tracing:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        self._ids = _ForcedIds()
+        self._ids = _forced_ids()
         resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "pal"})
-        self.provider = TracerProvider(resource=resource, id_generator=self._ids)  # type: ignore[arg-type]
+        self.provider = TracerProvider(resource=resource, id_generator=self._ids)
         if processor is None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
