@@ -18,7 +18,7 @@ repository root). Configured only from the environment:
     BENCH_DATABASE_URL  libpq URL of the Postgres database holding the `bench_hops` table
     BENCH_SCHEMA        schema of `bench_hops`
 
-The Celery settings mirror pal.workers.app.create_app (late acks, prefetch 1, JSON, no results,
+The Celery settings mirror pal.workers.pal_app.create_app (late acks, prefetch 1, JSON, no results,
 task events on), so the only difference from PAL is what a hop does, not how it is delivered.
 """
 
@@ -39,7 +39,7 @@ QUEUE = os.environ.get("BENCH_QUEUE", "palbench-floor")
 DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 SCHEMA = os.environ.get("BENCH_SCHEMA", "public")
 
-from pal.workers.app import DELIVERY_SETTINGS  # noqa: E402
+from pal.workers.pal_app import DELIVERY_SETTINGS  # noqa: E402
 
 app = Celery("bench_floor", set_as_current=False)
 app.conf.update(DELIVERY_SETTINGS)

@@ -20,7 +20,7 @@ from pal.engine.runs import cancel, start_run
 from pal.engine.waiting import PendingApproval, decide, pending_approvals
 from pal.errors import PalError, StorageError
 from pal.storage.notify import JournalNotifier
-from pal.workers.app import create_app
+from pal.workers.pal_app import create_app
 
 P = ParamSpec("P")
 T = TypeVar("T")

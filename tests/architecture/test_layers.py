@@ -45,11 +45,13 @@ ALLOWED: dict[str, frozenset[str]] = {
 # Where a function-level `pal` import is part of the design: the CLI loads a command's machinery
 # only when that command runs, so `pal --help` stays fast; a provider's module loads its optional
 # SDK (openai, anthropic) only when a run asks for that provider; the package's face loads the
-# public names on first use, and the API package its FastAPI app (so Flower alone needs no FastAPI).
+# public names on first use, the API package its FastAPI app (so Flower alone needs no FastAPI), and
+# the workers package its default app (`celery -A pal.workers`), which only a process PAL runs needs.
 LAZY_IMPORTS_ALLOWED = ("pal.cli.",)
 LAZY_MODULES = {"pal": ("pal.client", "pal.tools", "pal.workers.install"),
                 "pal.providers": ("pal.providers.openai_api", "pal.providers.anthropic_api"),
-                "pal.api": ("pal.api.app",)}
+                "pal.api": ("pal.api.app",),
+                "pal.workers": ("pal.config", "pal.core.redact", "pal.workers.pal_app")}
 
 
 def module_name(path: Path) -> str:

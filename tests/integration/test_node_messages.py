@@ -16,9 +16,9 @@ import redis
 
 from pal.client import Client
 from pal.workers import celery_private
-from pal.workers.app import create_app
 from pal.workers.inline import InlineSteps
 from pal.workers.node_messages import OWN_TAKES_WHILE_OTHERS_WAIT, NodePublisher, OwnMessage
+from pal.workers.pal_app import create_app
 from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
 from tests.conftest import Backend
 

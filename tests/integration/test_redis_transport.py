@@ -7,7 +7,7 @@ import pytest
 import redis
 from kombu import Connection
 
-from pal.workers.app import create_app
+from pal.workers.pal_app import create_app
 from pal.workers.redis_transport import Channel
 from tests.conftest import Backend
 

@@ -10,7 +10,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pal.core import redact as redact_module
-from pal.core.redact import REDACTED, add_secret_source, install_log_redaction, redact, redact_text
+from pal.core.redact import (
+    REDACTED,
+    _RedactingRecords,
+    add_secret_source,
+    install_log_redaction,
+    redact,
+    redact_text,
+)
 
 # Credentials that look like credentials: long enough, no separators a URL or header would split on.
 CREDENTIAL = st.text(st.sampled_from("ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789"),
@@ -86,8 +93,8 @@ def test_ordinary_text_is_left_alone(text: str) -> None:
 
 
 def test_log_records_are_redacted_when_made(caplog: pytest.LogCaptureFixture) -> None:
-    install_log_redaction()
-    install_log_redaction()  # idempotent
+    install_log_redaction(whole_process=True)  # a process PAL runs
+    install_log_redaction(whole_process=True)  # idempotent
     with caplog.at_level(logging.INFO):
         logging.getLogger("pal.test").info("calling %s", "https://u:hunter2hunter2@h/x?token=abcdefabcdef")
         logging.getLogger("somelib").warning("auth failed: Bearer abcdefabcdefabcdef")
@@ -101,7 +108,7 @@ def test_log_records_are_redacted_when_made(caplog: pytest.LogCaptureFixture) ->
 
 
 def test_a_record_without_credentials_keeps_its_arguments_and_one_with_keeps_their_shape() -> None:
-    install_log_redaction()
+    install_log_redaction(whole_process=True)
     access = logging.getLogger("uvicorn.access").makeRecord(
         "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
         ("127.0.0.1:5000", "GET", "/v1/runs?limit=5", "1.1", 200), None)
@@ -117,7 +124,18 @@ def test_a_record_without_credentials_keeps_its_arguments_and_one_with_keeps_the
 
 
 def test_a_credential_formed_only_by_the_arguments_together_is_still_redacted() -> None:
-    install_log_redaction()
+    install_log_redaction(whole_process=True)
     record = logging.getLogger("somelib").makeRecord(
         "somelib", logging.INFO, __file__, 1, "header %s%s", ("Bearer ", "abcdefabcdefabcdef"), None)
     assert "abcdefabcdefabcdef" not in record.getMessage() and REDACTED in record.getMessage()
+
+
+def test_in_someone_elses_process_only_pals_own_records_are_redacted() -> None:
+    records = _RedactingRecords(logging.LogRecord)  # what a pal.Client or pal.install installs
+    theirs = records("myapp.http", logging.INFO, __file__, 1, "GET %s", ("https://u:hunter2hunter2@h/x",), None)
+    assert theirs.args == ("https://u:hunter2hunter2@h/x",)  # the app's record, as the app made it
+    ours = records("pal.engine.steps", logging.INFO, __file__, 1, "GET %s", ("https://u:hunter2hunter2@h/x",),
+                   None)
+    assert "hunter2hunter2" not in ours.getMessage() and REDACTED in ours.getMessage()
+    assert records("pal", logging.INFO, __file__, 1, "token=%s", ("abcdefabcdefabcdef",), None).args != (
+        "abcdefabcdefabcdef",)

@@ -33,7 +33,7 @@ from pal.engine.run_receipts import trusted_keys
 from pal.engine.runtime import Runtime
 from pal.storage.database import normalize_url
 from pal.storage.notify import JournalNotifier
-from pal.workers.app import create_app
+from pal.workers.pal_app import create_app
 
 
 class GuardedAPI(FastAPI):

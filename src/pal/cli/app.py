@@ -24,6 +24,7 @@ import typer
 from pal.cli import approvals, db, demo, lineage, prune, receipts, runs, servers, tokens
 from pal.cli.common import EXIT_BAD_INPUT, exit_code
 from pal.core.extras import missing_extra
+from pal.core.redact import install_log_redaction
 from pal.errors import PalError
 
 app = typer.Typer(help="PAL: durable AI-agent graphs on Celery.", no_args_is_help=True,
@@ -65,6 +66,7 @@ app.command("approvals")(approvals.approvals)  # every pending approval of a ten
 
 
 def main() -> None:
+    install_log_redaction(whole_process=True)  # a `pal` process is PAL's own: every record (pal.core.redact)
     try:
         app()
     except PalError as exc:  # anything not mapped by a command: a clean message, not a trace

@@ -118,17 +118,22 @@ def redact(value: Any) -> Any:
 class _RedactingRecords:
     """A log record factory that redacts a record's message (and its traceback) when it is made.
 
-    Every record of every logger: an HTTP library logs the URLs it calls at INFO. A record with
-    nothing credential-like in it is returned as it was made, its arguments intact (a handler may
-    read them: uvicorn's access log unpacks its five). One that has is redacted argument by
-    argument, keeping their shape, and only when a credential appears only once they are put
-    together is the message replaced by its redacted text (its arguments dropped)."""
+    PAL's own records (loggers `pal` and `pal.*`) always; in a process PAL runs (`pal worker`, `pal
+    api`, `celery -A pal.workers`: `whole_process`) every record, since an HTTP library logs the
+    URLs it calls at INFO and Celery the arguments of tasks. In someone else's process (an app with
+    a `pal.Client`, a team's Celery app with `pal.install`) the app's own records are its own and
+    pass untouched. A record with nothing credential-like in it is returned as it was made, its
+    arguments intact (a handler may read them: uvicorn's access log unpacks its five). One that has
+    is redacted argument by argument, keeping their shape, and only when a credential appears only
+    once they are put together is the message replaced by its redacted text."""
 
-    def __init__(self, inner: Callable[..., logging.LogRecord]) -> None:
-        self.inner = inner
+    def __init__(self, inner: Callable[..., logging.LogRecord], whole_process: bool = False) -> None:
+        self.inner, self.whole_process = inner, whole_process
 
     def __call__(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
         record = self.inner(*args, **kwargs)
+        if not (self.whole_process or record.name == "pal" or record.name.startswith("pal.")):
+            return record
         try:
             message = record.getMessage()
         except Exception:  # a malformed record: leave it to the handler to report
@@ -158,8 +163,11 @@ def _redact_record(record: logging.LogRecord, message: str, redacted: str) -> No
     record.msg, record.args = redacted, None  # the credential spans the pieces: the whole message
 
 
-def install_log_redaction() -> None:
-    """Redact every log record this process makes from now on (idempotent)."""
+def install_log_redaction(*, whole_process: bool = False) -> None:
+    """Redact PAL's log records from now on; with `whole_process` (a process PAL runs), every
+    record of the process. Idempotent; a later `whole_process` widens an earlier install."""
     factory = logging.getLogRecordFactory()
-    if not isinstance(factory, _RedactingRecords):
-        logging.setLogRecordFactory(_RedactingRecords(factory))
+    if isinstance(factory, _RedactingRecords):
+        factory.whole_process = factory.whole_process or whole_process
+    else:
+        logging.setLogRecordFactory(_RedactingRecords(factory, whole_process))

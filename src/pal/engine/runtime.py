@@ -91,7 +91,7 @@ class Runtime:
         self.publish_vm: Callable[[str], None] = _no_vm_queue  # the VM queue's spawn (pal.engine.vms)
         self.own_messages: OwnMessages | None = None  # a solo worker's (pal.workers.publishing)
         self.leases = LeaseKeeper(self._renew_lease, settings.lease_ttl)
-        # Awaitable effects run on an event loop: a worker's (pal.workers.app); elsewhere in the thread.
+        # Awaitable effects run on an event loop: a worker's (pal.workers.pal_app); elsewhere in the thread.
         self.async_steps: AsyncSteps | None = None
         self._plans: Lru[str, Program] = Lru(_PLAN_CACHE_SIZE)
         self._valid_plans: Lru[tuple[str, frozenset[str]], Plan] = Lru(_PLAN_CACHE_SIZE)

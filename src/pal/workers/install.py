@@ -1,6 +1,6 @@
 """`pal.install(app)`: PAL's tasks, runtime and beat entries on a team's own Celery app.
 
-PAL's own app (pal.workers.app) sets Celery's global settings for delivery. A team's app keeps
+PAL's own app (pal.workers.pal_app) sets Celery's global settings for delivery. A team's app keeps
 its own: each of PAL's tasks carries its delivery semantics itself (pal.workers.tasks.PER_TASK:
 acknowledged late, given back when its worker is lost, JSON, no result) and its queue, and the
 beat schedule gains PAL's entries beside the app's. What install checks, and refuses with a
@@ -22,8 +22,8 @@ from pal.config import Settings, load_settings
 from pal.core.redact import install_log_redaction, redact_text
 from pal.engine.runtime import Runtime
 from pal.errors import ConfigError
-from pal.workers.app import attach
 from pal.workers.beat import schedule_of
+from pal.workers.pal_app import attach
 
 
 def install(app: Any, settings: Settings | None = None) -> Runtime:

@@ -72,7 +72,7 @@ DELIVERY_SETTINGS: dict[str, Any] = {
 
 
 def create_app(settings: Settings) -> PalCelery:
-    install_log_redaction()  # every process that runs or sends PAL's tasks (pal.core.redact)
+    install_log_redaction()  # PAL's records in any process; a process PAL runs widens it (pal.core.redact)
     app = PalCelery("pal", set_as_current=False)
     app.conf.update(DELIVERY_SETTINGS)
     app.conf.update(
