@@ -72,14 +72,14 @@ def test_a_teams_celery_app_runs_its_own_task_and_pals_steps(team: Processes, tm
     settings = subprocess.run(
         [sys.executable, "-c", "import json, team_app as t; c = t.app.conf; x = t.app.tasks['pal.execute_node']; "
          "print(json.dumps([c.task_default_queue, c.worker_prefetch_multiplier, c.task_acks_late, "
-         "sorted(c.beat_schedule), x.acks_late, x.reject_on_worker_lost, x.queue, sorted(t.app.tasks)]))"],
+         "sorted(c.beat_schedule), x.acks_late, x.reject_on_worker_lost, sorted(t.app.tasks)]))"],
         env=team_env(team), capture_output=True, text=True, timeout=60, check=True)
-    default_queue, prefetch, acks_late, beat, pal_acks_late, pal_reject, pal_queue, tasks = json.loads(
+    default_queue, prefetch, acks_late, beat, pal_acks_late, pal_reject, tasks = json.loads(
         settings.stdout.strip().splitlines()[-1])
     # The team's settings are Celery's defaults still; PAL's tasks carry their own.
     assert (default_queue, prefetch, acks_late) == ("celery", 4, False)
     assert beat == ["pal-recompute-baselines", "pal-sweep-orphans"]
-    assert (pal_acks_late, pal_reject, pal_queue) == (True, True, queue)
+    assert (pal_acks_late, pal_reject) == (True, True)
     assert {"team_app.greet", "pal.execute_node", "pal.start_run", "pal.sweep_orphans"} <= set(tasks)
 
     client = Client(team.backend.settings)

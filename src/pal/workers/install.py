@@ -2,10 +2,10 @@
 
 PAL's own app (pal.workers.pal_app) sets Celery's global settings for delivery. A team's app keeps
 its own: each of PAL's tasks carries its delivery semantics itself (pal.workers.tasks.PER_TASK:
-acknowledged late, given back when its worker is lost, JSON, no result) and its queue, and the
-beat schedule gains PAL's entries beside the app's. What install checks, and refuses with a
-clear error, is only what PAL cannot work without: a broker PAL's clients reach too, and JSON
-among the content types the app's workers accept.
+acknowledged late, given back when its worker is lost, JSON, no result), PAL names its queue
+(`PAL_QUEUE`) in everything it sends, and the beat schedule gains PAL's entries beside the app's.
+What install checks, and refuses with a clear error, is only what PAL cannot work without: a
+broker PAL's clients reach too, and JSON among the content types the app's workers accept.
 
 What stays the team's choice, and what PAL would set on an app of its own (docs/architecture.md,
 "Hosting PAL on your Celery app"): `worker_prefetch_multiplier=1` (otherwise a worker may hold a

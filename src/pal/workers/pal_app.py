@@ -117,7 +117,7 @@ def attach(app: Any, settings: Settings) -> Runtime:
     if node_publisher is not None:
         runtime.own_messages = TakenBack(app, node_publisher)
     runtime.publish_vm = lambda vm_id: app.send_task(SPAWN_VM, args=[vm_id], queue=settings.vm_queue)
-    register_tasks(app, settings.queue, settings.vm_queue)
+    register_tasks(app)
 
     def flush_traces(**_: Any) -> None:  # a worker (or pool child) stopping exports its batched spans
         # Awaited steps in flight finish and journal first, within a lease's time; the rest lapse

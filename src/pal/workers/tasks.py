@@ -38,10 +38,11 @@ PER_TASK: dict[str, Any] = {
 }
 
 
-def register_tasks(app: Celery, queue: str, vm_queue: str) -> None:
+def register_tasks(app: Celery) -> None:
     """Register PAL's tasks on `app` (PAL's own app, or a team's: pal.install), whose `runtime` they
-    use; each on PAL's queue (a VM's start on the VM hosts' queue) unless a sender names another."""
-    options, vm_options = {**PER_TASK, "queue": queue}, {**PER_TASK, "queue": vm_queue}
+    use. Every sender of PAL names its queue (PAL_QUEUE, PAL_VM_QUEUE): a task's own `queue`
+    attribute is deprecated in Celery 5.7, and task_routes would be the app's setting."""
+    options = vm_options = PER_TASK
     # `throws`: Celery logs a StepFailed in one INFO line; the engine logged it at ERROR with the
     # step's own traceback (pal.engine.steps), which Celery's would only bury.
     @app.task(name=EXECUTE_NODE, bind=True, shared=False,  # type: ignore[untyped-decorator]
