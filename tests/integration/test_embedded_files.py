@@ -16,7 +16,9 @@ from pal.client import Client
 from pal.config import load_settings
 from pal.storage.database import create_engine
 from pal.storage.schema.migrate import upgrade
+from tests.conftest import Backend
 from tests.support.graphs import counted, single
+from tests.support.workers import in_process_worker
 
 
 def mode(path: Path) -> int:
@@ -70,3 +72,20 @@ def test_a_journal_an_older_pal_left_readable_is_made_private(tmp_path: Path, op
     assert {p.name: mode(p) for p in folder.iterdir()} == {
         "pal.db": 0o600, "pal.db-wal": 0o600, "pal.db-journal": 0o600}
     assert mode(folder) == 0o755
+
+
+def test_a_message_file_that_does_not_decode_is_dropped_and_the_worker_goes_on(
+        backend: Backend, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    if not backend.settings.is_embedded_broker:
+        return  # Redis's counterpart: tests/e2e/test_inline_steps.py (junk pushed onto the queue)
+    client = Client(backend.settings)
+    queue = backend.settings.broker_folder / "queue"
+    (queue / f"0_junk.{backend.settings.queue}.msg").write_bytes(b"")  # as a torn read sees it
+    (queue / f"1_junk.{backend.settings.queue}.msg").write_bytes(b"\xff\xfe not json")
+    try:
+        with caplog.at_level("WARNING"), in_process_worker(client):
+            run = client.wait(client.start_run(single(counted("only", tmp_path / "calls.log")), {}), timeout=60)
+        assert run.status == "succeeded"
+        assert caplog.text.count("did not decode, dropped") == 2
+    finally:
+        client.close()

@@ -94,9 +94,11 @@ PATHS: dict[str, tuple[Need, ...]] = {
     "event_batches": (
         Need("celery.worker.consumer.consumer:Consumer", "_flush_events", ()),
     ),
-    # pal.workers.fs_transport: the embedded broker writes each message whole, then renames it.
+    # pal.workers.fs_transport: the embedded broker writes each message whole, then renames it,
+    # and drops one it cannot decode instead of stopping the worker.
     "atomic_files": (
         Need("kombu.transport.filesystem:Channel", "_put", ("queue",)),
+        Need("kombu.transport.filesystem:Channel", "_get", ("queue",)),
     ),
 }
 

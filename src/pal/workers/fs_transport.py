@@ -9,8 +9,10 @@ not at all.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
+from queue import Empty
 from time import monotonic
 from typing import Any
 
@@ -19,8 +21,22 @@ from kombu.transport import filesystem
 from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
+log = logging.getLogger(__name__)
+
 
 class Channel(filesystem.Channel):
+    def _get(self, queue: Any, timeout: Any = None) -> Any:
+        # A file that does not decode (seen intermittently on kombu 5.5, whose reader moves a file
+        # to the temporary folder before reading it) stopped the worker with "Unrecoverable error".
+        # The file is gone by then: the message is dropped and logged, and the sweep re-drives the
+        # step whose doorbell it was, as for a lost message on Redis.
+        try:
+            return super()._get(queue)  # type: ignore[no-untyped-call]
+        except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+            log.warning("a message on the embedded broker's queue %.200s did not decode, dropped: %r",
+                        queue, exc)
+            raise Empty() from exc
+
     # kombu names the argument `payload` here and `message` in its base class; mypy sees both.
     def _put(self, queue: Any, payload: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
