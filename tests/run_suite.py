@@ -93,7 +93,10 @@ def main(argv: list[str]) -> int:
     # Compiled once, before the lanes start, so that no two lanes race to write one file.
     subprocess.run([sys.executable, "-m", "compileall", "-q", "src", "tests"], cwd=REPO, check=True,
                    env=suite_environment())
-    lanes = {name: [*paths, *argv] for name, paths in LANES.items() if not (lowest and name == "vm")}
+    # There, the fast publisher's own tests are deselected: kombu 5.5 turns that path off.
+    lanes = {name: [*(f"not ({ALONE} or qemu or fast_publisher)" if lowest and arg == EVERY_OTHER[1] else arg
+                      for arg in paths), *argv]
+             for name, paths in LANES.items() if not (lowest and name == "vm")}
     results = run_phase(lanes, basetemp)
     if not lowest:
         results |= run_phase({"alone": ["tests", "-m", ALONE, *argv]}, basetemp)

@@ -107,21 +107,10 @@ class Client:
 
         A database that is briefly unreachable (a restart) is waited out, not reported.
         """
-        deadline = time.monotonic() + timeout
-        status = "unknown"
-        while True:
-            try:
-                run = self.get_run(run_id)
-            except StorageError:
-                if time.monotonic() > deadline:
-                    raise
-            else:
-                if run.terminal:
-                    return run
-                status = run.status
-            if time.monotonic() > deadline:
-                raise RunTimeout(f"run {run_id} still {status} after {timeout:g}s")
+        waiting = _Waiting(run_id, timeout)
+        while (run := waiting.look(self)) is None:
             time.sleep(poll)
+        return run
 
     def decide(self, run_id: str, step_id: str, decision: str, *, comment: str | None = None,
                by: str | None = None, expected_hash: str | None = None) -> Handoff:
@@ -152,6 +141,33 @@ class Client:
         self.app.close()
         if "journal" in self.runtime.__dict__:
             self.runtime.journal.engine.dispose()
+
+
+class _Waiting:
+    """One wait for a run to end, shared by both clients' `wait`."""
+
+    def __init__(self, run_id: str, timeout: float) -> None:
+        self.run_id, self.timeout = run_id, timeout
+        self.deadline, self.status = time.monotonic() + timeout, "unknown"
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def look(self, client: Client) -> RunRecord | None:
+        """The run once terminal; None before (or while the database is briefly unreachable);
+        RunTimeout, or the storage error, once the time is up."""
+        try:
+            run = client.get_run(self.run_id)
+        except StorageError:
+            if self.left() < 0:
+                raise
+        else:
+            if run.terminal:
+                return run
+            self.status = run.status
+        if self.left() < 0:
+            raise RunTimeout(f"run {self.run_id} still {self.status} after {self.timeout:g}s")
+        return None
 
 
 class AsyncClient:
@@ -207,24 +223,14 @@ class AsyncClient:
     async def wait(self, run_id: str, timeout: float = 60.0) -> RunRecord:
         """The run once terminal; RunTimeout after `timeout` seconds (a database briefly
         unreachable is waited out, as `Client.wait` does)."""
-        deadline = time.monotonic() + timeout
-        status = "unknown"
+        waiting = _Waiting(run_id, timeout)
         async with self._woken(run_id) as woken:
             while True:
                 woken.clear()  # before the read: a NOTIFY after it wakes the next wait
-                try:
-                    run = await self.get_run(run_id)
-                except StorageError:
-                    if time.monotonic() > deadline:
-                        raise
-                else:
-                    if run.terminal:
-                        return run
-                    status = run.status
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RunTimeout(f"run {run_id} still {status} after {timeout:g}s")
-                await _woken_or_after(woken, min(left, WAKE_AT_LEAST_EVERY_S))
+                run = await self._call(waiting.look, self.sync)
+                if run is not None:
+                    return run
+                await _woken_or_after(woken, min(waiting.left(), WAKE_AT_LEAST_EVERY_S))
 
     async def follow(self, run_id: str, after_seq: int = 0) -> AsyncIterator[Event]:
         """The run's events after `after_seq`, as they are journaled, until the run is terminal."""

@@ -237,8 +237,7 @@ def test_garbage_on_the_queue_is_dropped_and_the_worker_runs_on(
     client.close()
 
 
-@pytest.mark.skipif(not celery_private.fast_paths().on("publisher"),
-                    reason="only the fast publisher claims a successor in its predecessor's completion")
+@pytest.mark.fast_publisher  # only the fast publisher claims a successor in its predecessor's completion
 def test_a_solo_worker_killed_after_claiming_its_successor_is_recovered(
         processes: Processes, postgres_backend: Backend, tmp_path: Path) -> None:
     """SIGKILL right after the completion that started s1 committed, before s1's message was

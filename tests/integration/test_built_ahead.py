@@ -21,16 +21,14 @@ import sqlalchemy as sa
 from pal.client import Client
 from pal.engine.steps import execute_step
 from pal.storage.one_call import AutocommitCalls, FunctionCall
-from pal.workers import celery_private
 from pal.workers.node_messages import Built, NodePublisher, OwnMessage
 from tests.conftest import Backend
 from tests.support.graphs import linear
 from tests.support.tools import calls
 
-# What these test is the fast publisher itself (pal.workers.celery_private): a Celery or kombu that
-# turns it off (kombu 5.5, the lowest lane) publishes through send_task, which other tests cover.
-pytestmark = pytest.mark.skipif(not celery_private.fast_paths().on("publisher"),
-                                reason="the fast publisher is off on this Celery/kombu")
+# What these test is the fast publisher itself (pal.workers.celery_private): on a kombu that turns it
+# off (5.5) PAL publishes through send_task, which other tests cover; `make test-lowest` deselects these.
+pytestmark = pytest.mark.fast_publisher
 
 SLEEP = FunctionCall.of("pg_sleep", ("double precision",))
 LOCK = FunctionCall.of("pg_advisory_xact_lock", ("bigint",))

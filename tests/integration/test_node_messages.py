@@ -15,17 +15,15 @@ import pytest
 import redis
 
 from pal.client import Client
-from pal.workers import celery_private
 from pal.workers.inline import InlineSteps
 from pal.workers.node_messages import OWN_TAKES_WHILE_OTHERS_WAIT, NodePublisher, OwnMessage
 from pal.workers.pal_app import create_app
 from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
 from tests.conftest import Backend
 
-# What these test is the fast publisher itself (pal.workers.celery_private): a Celery or kombu that
-# turns it off (kombu 5.5, the lowest lane) publishes through send_task, which other tests cover.
-pytestmark = pytest.mark.skipif(not celery_private.fast_paths().on("publisher"),
-                                reason="the fast publisher is off on this Celery/kombu")
+# What these test is the fast publisher itself (pal.workers.celery_private): on a kombu that turns it
+# off (5.5) PAL publishes through send_task, which other tests cover; `make test-lowest` deselects these.
+pytestmark = pytest.mark.fast_publisher
 
 # Fields that differ between any two messages: fresh ids, the sender's name, the event's and
 # the doorbell's times.
