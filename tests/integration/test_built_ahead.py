@@ -162,7 +162,7 @@ def test_a_successors_message_is_built_during_its_completion_and_sent_after_the_
             calling["now"] = ""
 
     def traced_build(args: list[Any], own: bool = False) -> Built | OwnMessage | None:
-        in_completion.append(calling["now"] == "pal_complete_step_then")
+        in_completion.append(calling["now"] == "pal_complete")
         made = build(args, own)
         assert isinstance(made, Built)  # no thread of this test runs its own messages
         built_ids.append(json.loads(made.commands[0][2])["headers"]["id"])
@@ -221,7 +221,7 @@ def test_a_fenced_out_completion_sends_nothing_it_built(
         return made
 
     def taken_over(call: FunctionCall, params: Any, meanwhile: Any = None) -> Any:
-        if call.function == "pal_complete_step_then":
+        if call.function == "pal_complete":
             with client.runtime.journal.engine.begin() as conn:
                 conn.execute(sa.text("UPDATE run_locks SET generation = generation + 1 WHERE run_id = :r"),
                              {"r": run_id})

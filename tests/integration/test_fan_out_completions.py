@@ -1,7 +1,7 @@
 """Completions that hand off nothing: a fan-out's branches before the last, beside parked steps.
 
 Such a completion writes nothing but its `step_completed` unless the run must park (a step of it
-waits and nothing else is in flight). So on Postgres it is one call of `pal_complete_step_then`
+waits and nothing else is in flight). So on Postgres it is one call of `pal_complete`
 when the process's step log shows no parked step that a decision has not ended, and a
 transaction asks the journal for waiting steps only when the run's whole log shows one (docs/architecture.md, "The step protocol"). Two
 Clients on one database stand for two worker processes, as in test_one_call_steps.py; the tests
@@ -75,7 +75,7 @@ def test_a_completion_whose_log_missed_the_park_still_parks_the_run(two: tuple[P
         Fence(run_id, generation, "B", utcnow(), 30), "tool", claim.attempt, {"value": "tool"},
         plan=lambda done: program.handoff(done, "tool"), frontier=program.redrive_steps)
     if counted_calls is not None:  # Postgres: the one call was tried, then the transaction decided
-        assert (counted_calls.calls, counted_calls.transactions) == (["pal_complete_step_then"], 1)
+        assert (counted_calls.calls, counted_calls.transactions) == (["pal_complete"], 1)
     assert handoff.dispatch == () and not handoff.finished
     assert a.client.get_run(run_id).status == "waiting"
 
@@ -88,7 +88,7 @@ def test_a_branch_completion_that_hands_off_nothing_is_one_call(postgres_backend
         assert a.deliver(a.outbox.pop(0)) == "completed"
         counted_calls = Counted(a.client)
         assert a.deliver(a.take("b0")) == "completed"
-        assert counted_calls.calls == ["pal_claim_step_after", "pal_complete_step_then"]
+        assert counted_calls.calls == ["pal_claim", "pal_complete"]
         assert counted_calls.transactions == 0 and not any(m[1] == "join" for m in a.outbox)
         while a.outbox:
             assert a.deliver(a.outbox.pop(0)) == "completed"
@@ -98,7 +98,7 @@ def test_a_branch_completion_that_hands_off_nothing_is_one_call(postgres_backend
         a.client.close()
 
 
-COMPLETE = ("SELECT seq, kind FROM pal_complete_step_then(:run, :generation, 'probe', now() + interval '30 s', "
+COMPLETE = ("SELECT outcome, seq FROM pal_complete(:run, :generation, 'probe', now() + interval '30 s', "
             ":after, 'b1', 1, '{\"output\": {\"value\": 1}}'::jsonb, now(), NULL::text, NULL::integer, "
             "NULL::jsonb)")
 
@@ -121,7 +121,7 @@ def test_a_stale_one_call_completion_writes_nothing_and_commits_without_a_flush(
         params = {"run": run_id, "generation": generation}
         with engine.connect() as conn:
             with conn.begin() as tx:
-                assert conn.execute(sa.text(COMPLETE), params | {"after": latest - 1}).all() == []
+                assert conn.execute(sa.text(COMPLETE), params | {"after": latest - 1}).all() == [("log_moved", None)]
                 assert conn.execute(sa.text("SELECT current_setting('synchronous_commit')")).scalar() == "off"
                 # What it wrote, seen in its own transaction: the lease's renewal, no event.
                 assert conn.execute(sa.text("SELECT count(*) FROM journal_events WHERE run_id = :r "
@@ -130,8 +130,8 @@ def test_a_stale_one_call_completion_writes_nothing_and_commits_without_a_flush(
                                     {"r": run_id}).scalar() == "probe"
                 tx.rollback()
             with conn.begin() as tx:
-                [(_, kind)] = conn.execute(sa.text(COMPLETE), params | {"after": latest}).all()
-                assert kind == "step_completed"
+                [(outcome, seq)] = conn.execute(sa.text(COMPLETE), params | {"after": latest}).all()
+                assert outcome == "completed" and seq > latest
                 assert conn.execute(sa.text("SELECT current_setting('synchronous_commit')")).scalar() == "on"
                 tx.rollback()
         assert [e for e in a.client.events(run_id) if e.step_id == "b1" and e.kind == "step_completed"] == []

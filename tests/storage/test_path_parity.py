@@ -63,7 +63,7 @@ def recover(seconds: float, *steps: str) -> Op:
                                                lease_ttl=TTL, plan=lambda _run, _done: steps)
 
 
-CLAIM_STEP, COMPLETE_STEP, READ_LOG = "pal_claim_step_after", "pal_complete_step_then", "pal_read_log"
+CLAIM_STEP, COMPLETE_STEP, READ_LOG = "pal_claim", "pal_complete", "pal_read_step_log"
 START = [claim("start"), complete("start", kit.dispatching("a"), 1)]  # start hands off to a
 
 

@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
+from enum import StrEnum
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -46,19 +47,33 @@ _LOG_SINCE = (
     .order_by(journal_events.c.seq)
 )
 
-# Rows of the step functions (migrations 0005 and 0006) that mark an outcome instead of an event.
-# (pal_claim_step_after's -5, "refused": fenced out or a needed step not complete, migration 0019;
-# the caller then decides in a transaction, as for any marker it does not name here.)
-FENCED_OUT, ALREADY_COMPLETED, STARTED, DUPLICATE = -1, -2, -3, -4
+class Outcome(StrEnum):
+    """What a step function (storage/sql/functions.sql) answers in its `outcome` column."""
+
+    READ = "read"  # the fence held (or, reading only, still holds) and `events` is the log after p_after
+    FENCED_OUT = "fenced_out"  # this generation no longer holds the lease: nothing written
+    REFUSED = "refused"  # a claim's fence was not taken (fenced out, or a needed step not complete)
+    LOG_MOVED = "log_moved"  # the caller predicted from an older log: it decides again in a transaction
+    DUPLICATE = "duplicate"  # the attempt was started under this generation already
+    STARTED = "started"
+    ALREADY_COMPLETED = "already_completed"
+    COMPLETED = "completed"
+    NEXT_STARTED = "next_started"  # completed, and the caller's successor started
+    NEXT_DUPLICATE = "next_duplicate"  # completed; the successor's attempt was started already
 
 
 class EventRow(NamedTuple):
-    """A row of the step functions: an event of the step log, or a marker (negative seq)."""
+    """One event of a step log, as the step functions' `events` hold it (seq, step_id, kind, payload)."""
 
     seq: int
     step_id: str | None
     kind: str
     payload: Any
+
+
+def event_rows(events: Sequence[Sequence[Any]]) -> list[EventRow]:
+    """A step function's `events` (a JSON array of [seq, step_id, kind, payload]) as rows."""
+    return [EventRow(*event) for event in events]
 
 
 class StoreBase:

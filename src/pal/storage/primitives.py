@@ -29,7 +29,7 @@ from pal.core.vocabulary import (
     LockHolder,
     RunStatus,
 )
-from pal.storage.base import ALREADY_COMPLETED, FENCED_OUT, StoreBase, json_safe, lease_lost
+from pal.storage.base import Outcome, StoreBase, event_rows, json_safe, lease_lost
 from pal.storage.schema import journal_events, run_locks, runs
 
 WAIT_RECHECK_SECONDS = 600.0  # a parked run is looked at again at least this often
@@ -45,10 +45,11 @@ _FENCE = (
 _EVENT_COLUMNS = {"run_id": "ev_run", "step_id": "ev_step", "attempt": "ev_attempt", "kind": "ev_kind",
                   "payload": "ev_payload", "generation": "ev_generation", "created_at": "ev_at"}
 _EVENT_VALUES: dict[str, Any] = {column: sa.bindparam(name) for column, name in _EVENT_COLUMNS.items()}
-# Postgres: the fenced reads of the step protocol as server-side functions (migration 0005).
-_CLAIM_FENCE = "SELECT * FROM pal_claim_fence(%s, %s, %s, %s, %s)"
-_COMPLETE_FENCE = "SELECT * FROM pal_complete_fence(%s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s)"
-_START_STEP = "SELECT pal_start_step(%s, %s, %s, %s, %s::jsonb, %s)"
+# Postgres: the fenced reads of the step protocol as server-side functions (storage/sql).
+_FENCED_LOG = "SELECT outcome, events FROM pal_fenced_log(%s, %s, %s, %s, %s)"
+_FENCED_COMPLETION = ("SELECT outcome, events FROM pal_fenced_completion(%s, %s, %s, %s, %s, %s, %s, "
+                      "%s::jsonb, %s)")
+_START_STEP = "SELECT pal_append_once(%s, %s, %s, 'step_started', %s::jsonb, %s, %s)"
 
 
 def started_payload(fence: Fence, attempt: int) -> dict[str, Any]:
@@ -82,11 +83,11 @@ class Primitives(StoreBase):
         if self.calls is None:
             return self._step_log(conn, fence.run_id) if self._fence(conn, fence) else None
         known = self._known_log(fence.run_id)
-        rows = conn.exec_driver_sql(_CLAIM_FENCE, (
-            fence.run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq)).all()
-        if rows and rows[0].seq == FENCED_OUT:
+        outcome, events = conn.exec_driver_sql(_FENCED_LOG, (
+            fence.run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq)).one()
+        if Outcome(outcome) is Outcome.FENCED_OUT:
             return None
-        return self._read_on(conn, fence.run_id, known, rows)
+        return self._read_on(conn, fence.run_id, known, event_rows(events))
 
     def _complete_and_read(self, conn: sa.Connection, fence: Fence, step_id: str, attempt: int,
                            payload: Mapping[str, Any]) -> StepLog | None:
@@ -99,14 +100,15 @@ class Primitives(StoreBase):
                                fence.generation, fence.now, on_conflict_skip=True)
             return None if seq is None else self._step_log(conn, fence.run_id)
         known = self._known_log(fence.run_id)
-        rows = conn.exec_driver_sql(_COMPLETE_FENCE, (
+        outcome, events = conn.exec_driver_sql(_FENCED_COMPLETION, (
             fence.run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq,
-            step_id, attempt, json.dumps(payload), fence.now)).all()
-        if rows and rows[0].seq == FENCED_OUT:
-            raise lease_lost(fence.run_id, fence.generation)
-        if rows and rows[0].seq == ALREADY_COMPLETED:
-            return None
-        return self._read_on(conn, fence.run_id, known, rows)
+            step_id, attempt, json.dumps(payload), fence.now)).one()
+        match Outcome(outcome):
+            case Outcome.FENCED_OUT:
+                raise lease_lost(fence.run_id, fence.generation)
+            case Outcome.ALREADY_COMPLETED:
+                return None
+        return self._read_on(conn, fence.run_id, known, event_rows(events))
 
     def _start(self, conn: sa.Connection, fence: Fence, step_id: str, attempt: int) -> int | None:
         """Append `step_started`: its seq, None if this attempt was claimed under this generation."""
@@ -115,7 +117,7 @@ class Primitives(StoreBase):
             return self._append(conn, fence.run_id, step_id, attempt, EventKind.STEP_STARTED, payload,
                                 fence.generation, fence.now, on_conflict_skip=True)
         seq: int | None = conn.exec_driver_sql(_START_STEP, (
-            fence.run_id, step_id, attempt, fence.generation, json.dumps(payload), fence.now)).scalar()
+            fence.run_id, step_id, attempt, json.dumps(payload), fence.generation, fence.now)).scalar()
         return seq
 
     def _append(self, conn: sa.Connection, run_id: str, step_id: str | None,

@@ -36,24 +36,16 @@ from pal.core.step_log import StepLog
 from pal.core.views import WithOne
 from pal.core.vocabulary import TERMINAL_STATUSES, EventKind, RunStatus
 from pal.errors import journal_error
-from pal.storage.base import (
-    ALREADY_COMPLETED,
-    DUPLICATE,
-    FENCED_OUT,
-    STARTED,
-    EventRow,
-    json_safe,
-    lease_lost,
-)
+from pal.storage.base import EventRow, Outcome, event_rows, json_safe, lease_lost
 from pal.storage.one_call import AutocommitCalls, FunctionCall
 from pal.storage.primitives import Primitives, started_payload
 from pal.storage.schema import runs
 
-_READ_LOG = FunctionCall.of("pal_read_log", ("text", "integer", "bigint"))
-_CLAIM_STEP = FunctionCall.of("pal_claim_step_after", (
+_READ_LOG = FunctionCall.of("pal_read_step_log", ("text", "integer", "bigint"))
+_CLAIM_STEP = FunctionCall.of("pal_claim", (
     "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz", "boolean",
     "text[]"))
-_COMPLETE_STEP = FunctionCall.of("pal_complete_step_then", (
+_COMPLETE_STEP = FunctionCall.of("pal_complete", (
     "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz",
     "text", "integer", "jsonb"))
 # How long after its completion's fence a claimed successor is still this thread's to run without
@@ -183,33 +175,32 @@ class StepStore(Primitives):
                 known = fresh
         attempt = known.next_attempt(step_id)
         payload = json.dumps(started_payload(fence, attempt))
-        rows = [EventRow(*row) for row in calls.rows(_CLAIM_STEP, (
+        [(word, events)] = calls.rows(_CLAIM_STEP, (
             run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq,
-            step_id, attempt, payload, fence.now, not known.outputs, sorted(needed) if needed else None))]
-        marker = rows[-1].seq if rows and rows[-1].seq < 0 else None
-        events = rows[:-1] if marker is not None else rows
-        log = known.extended(events) if events else known
+            step_id, attempt, payload, fence.now, not known.outputs, sorted(needed) if needed else None))
+        outcome = Outcome(word)
+        log = known.extended(event_rows(events)) if events else known
         if events:
             self._remember(run_id, log)  # the call has committed
-        if marker == STARTED:
+        if outcome is Outcome.STARTED:
             if needed is not None and ready is not None and not ready(run, log.outputs):
                 # Cannot happen while Program.needs is right. If it does, the start is already
                 # committed: the step must not run, and it stays started until its lease lapses.
                 raise journal_error(f"step {step_id!r} of run {run_id!r} was claimed on completions "
                                     f"{sorted(needed)} that do not make it ready")
             return Claim(ClaimOutcome.RUN, run, attempt, log.outputs, log=log)
-        if marker == DUPLICATE:
+        if outcome is Outcome.DUPLICATE:
             return Claim(ClaimOutcome.DUPLICATE, run)
-        return None  # refused (-5), or newer events concern the step: the transaction decides
+        return None  # refused, or the log moved: the transaction decides
 
     def _read_ahead(self, calls: AutocommitCalls, fence: Fence, known: StepLog) -> StepLog | None:
         """`known` with the run's events after it (one autocommit call that writes nothing); None
         when the fence no longer holds."""
-        rows = [EventRow(*row) for row in calls.rows(_READ_LOG, (fence.run_id, fence.generation, known.seq))]
-        if rows and rows[0].seq == FENCED_OUT:
+        [(word, events)] = calls.rows(_READ_LOG, (fence.run_id, fence.generation, known.seq))
+        if Outcome(word) is Outcome.FENCED_OUT:
             return None  # stale or over: the transaction says which
-        if rows:
-            known = known.extended(rows)
+        if events:
+            known = known.extended(event_rows(events))
             self._remember(fence.run_id, known)  # the call has committed
         return known
 
@@ -300,20 +291,21 @@ class StepStore(Primitives):
             successor = None
         next_attempt = known.next_attempt(successor) if successor is not None else 0
         fenced_at = time.monotonic()  # the lease runs from about now: the claim ahead must not outlive it
-        rows = [EventRow(*row) for row in calls.rows(_COMPLETE_STEP, (
+        [(word, seq)] = calls.rows(_COMPLETE_STEP, (
             run_id, fence.generation, fence.worker_id, fence.expires_at, known.seq,
             step_id, attempt, json.dumps(payload), fence.now, successor, next_attempt if successor else None,
             json.dumps(started_payload(fence, next_attempt)) if successor else None),
-            meanwhile=None if meanwhile is None else lambda: meanwhile(decision))]
-        if not rows:
+            meanwhile=None if meanwhile is None else lambda: meanwhile(decision))
+        outcome = Outcome(word)
+        if outcome is Outcome.LOG_MOVED:
             return None
-        if rows[0].seq == FENCED_OUT:
+        if outcome is Outcome.FENCED_OUT:
             raise lease_lost(run_id, fence.generation)
-        if rows[0].seq == ALREADY_COMPLETED:
+        if outcome is Outcome.ALREADY_COMPLETED:
             return Handoff(dispatch=(), finished=False)
-        log = known.extended(rows[:1])
+        log = known.extended([EventRow(seq, step_id, EventKind.STEP_COMPLETED, payload)])
         self._remember(run_id, log)  # the call has committed
-        if run is None or successor is None or rows[-1].seq != STARTED:
+        if run is None or successor is None or outcome is not Outcome.NEXT_STARTED:
             return decision
         claim = Claim(ClaimOutcome.RUN, run, next_attempt, log.outputs, log=log)
         until = fenced_at + min(CLAIMED_AHEAD_S, fence.lease_ttl / 4)
