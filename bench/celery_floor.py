@@ -50,7 +50,7 @@ app.conf.update(
 )
 if os.environ.get("BENCH_FLOOR_TRANSPORT") == "pal":
     # The floor on PAL's Redis transport and worker consumer instead of stock kombu's and Celery's
-    # (docs/benchmarks.md, changes 11 and 13); its hop still publishes through send_task.
+    # (docs/decisions/celery-fast-paths.md); its hop still publishes through send_task.
     from pal.workers.redis_transport import TRANSPORT
 
     app.conf.update(broker_transport=TRANSPORT, worker_consumer="pal.workers.consumer:Consumer")

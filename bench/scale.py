@@ -206,7 +206,7 @@ def fill_journal(engine: sa.Engine, rt: Runtime, outbox: Outbox, sizes: Sizes) -
     done_id = run_template(rt, outbox, graph, None)
     live_id = run_template(rt, outbox, graph, 1)  # the trigger completed ...
     # ... and n0 started: its worker died
-    rt.journal.claim_step(Fence(live_id, 1, "bench-dead", utcnow(), 30.0), "n0")
+    rt.journal.steps.claim_step(Fence(live_id, 1, "bench-dead", utcnow(), 30.0), "n0")
     every = "INTERVAL '2 seconds' * i"  # finished runs spread over the past
     finished = clone_sql(runs, {
         "id": "'run_' || md5('finished-' || i)",

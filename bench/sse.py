@@ -157,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             processes.append(start_process([*pal, "api", "--port", str(port)], env, tmp / "api.log"))
             processes.append(start_process([*pal, "worker", "--concurrency", "2"], env, tmp / "worker.log"))
             client = Client(settings.with_(tool_modules=("tests.support.tools",)))
-            _, token = client.runtime.journal.create_token(tenant_id=settings.tenant, name="bench",
-                                                           now=utcnow())
+            _, token = client.runtime.journal.tokens.create_token(tenant_id=settings.tenant, name="bench",
+                                                                  now=utcnow())
             api = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 60
             while True:

@@ -66,7 +66,7 @@ CONCURRENCY = 2
 COMMITS = {"raw": 0, "floor": 2, "floor1": 1}
 # PAL is measured twice: `pal worker` as it starts by default (prefork, 2 processes; or
 # BENCH_PAL_WORKER_ARGS), and as two solo workers, one per core, each running its steps inline
-# (pal.workers.inline; docs/architecture.md, "Delivery").
+# (pal.workers.inline; docs/decisions/solo-worker-delivery.md).
 SOLO_WORKERS = 2
 KINDS = ("pal", "pal_solo", *COMMITS)
 MEASURE_TIMEOUT = 240.0  # seconds one measurement may take before it is abandoned
@@ -329,7 +329,7 @@ class Floor:
         env = base_env()
         env.update(BENCH_BROKER_URL=REDIS_URL, BENCH_KEY_PREFIX=self.prefix, BENCH_QUEUE=self.queue,
                    BENCH_DATABASE_URL=PG_URL, BENCH_SCHEMA=self.schema,
-                   # =pal: the floor on PAL's Redis transport (docs/benchmarks.md, change 11)
+                   # =pal: the floor on PAL's Redis transport (docs/decisions/celery-fast-paths.md)
                    BENCH_FLOOR_TRANSPORT=os.environ.get("BENCH_FLOOR_TRANSPORT", ""))
         self.log = tmp / "floor-worker.log"
         self.worker = start_process(
@@ -465,8 +465,8 @@ def anatomy(infra: Infra, length: int, tmp: Path) -> list[tuple[str, StepCost]]:
                     cost.phases[name] = cost.phases.get(name, 0.0) + time.perf_counter() - t
             return wrapper
 
-        journal.claim_step = timed("claim", journal.claim_step)  # type: ignore[method-assign]
-        journal.complete_step = timed("complete", journal.complete_step)  # type: ignore[method-assign]
+        journal.claim_step = timed("claim", journal.steps.claim_step)  # type: ignore[method-assign]
+        journal.complete_step = timed("complete", journal.steps.complete_step)  # type: ignore[method-assign]
 
         start_run(rt, linear_graph(length))
         per_step: list[tuple[str, StepCost]] = []

@@ -81,26 +81,26 @@ class Client:
 
     def derived_runs(self, run_id: str) -> list[dict[str, Any]]:
         """The runs retried or forked from `run_id`: {run_id, kind, status}, oldest first."""
-        self.runtime.journal.get_run(run_id)  # RunNotFound for an unknown id
-        return self.runtime.journal.derived_runs(run_id)
+        self.runtime.control.get_run(run_id)  # RunNotFound for an unknown id
+        return self.runtime.control.derived_runs(run_id)
 
     def anomalies(self, run_id: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
         """Anomalies journaled, newest first: of one run, or of every run of this client's tenant."""
         tenant = None if run_id is not None else self.settings.tenant
-        return self.runtime.journal.anomalies(run_id=run_id, tenant_id=tenant, limit=limit)
+        return self.runtime.control.anomalies(run_id=run_id, tenant_id=tenant, limit=limit)
 
     def get_run(self, run_id: str) -> RunRecord:
-        return self.runtime.journal.get_run(run_id)
+        return self.runtime.control.get_run(run_id)
 
     def events(self, run_id: str, after_seq: int = 0) -> list[Event]:
-        self.runtime.journal.get_run(run_id)  # RunNotFound for an unknown id
-        return self.runtime.journal.events(run_id, after_seq)
+        self.runtime.control.get_run(run_id)  # RunNotFound for an unknown id
+        return self.runtime.control.events(run_id, after_seq)
 
     def list_runs(self, *, status: str | None = None, limit: int = 50, offset: int = 0,
                   filters: RunFilter | None = None) -> list[RunRecord]:
         """Runs newest first; `filters` (pal.core.run_filters) narrow them as GET /v1/runs does."""
         chosen = (filters or RunFilter()).as_kwargs() | ({"status": status} if status else {})
-        return self.runtime.journal.list_runs(limit=limit, offset=offset, **chosen)
+        return self.runtime.control.list_runs(limit=limit, offset=offset, **chosen)
 
     def wait(self, run_id: str, timeout: float = 60.0, poll: float = 0.05) -> RunRecord:
         """Poll until the run is terminal; RunTimeout after `timeout` seconds.
@@ -126,7 +126,7 @@ class Client:
 
     def pending_approvals(self, run_id: str) -> list[PendingApproval]:
         """Undecided approvals of the run and of its child runs, parents first."""
-        self.runtime.journal.get_run(run_id)  # RunNotFound for an unknown id
+        self.runtime.control.get_run(run_id)  # RunNotFound for an unknown id
         return pending_approvals(self.runtime, run_id)
 
     def cancel(self, run_id: str, *, reason: str | None = None, by: str | None = None) -> list[str]:
@@ -139,8 +139,7 @@ class Client:
         if self.app.node_publisher is not None:
             self.app.node_publisher.close()
         self.app.close()
-        if "journal" in self.runtime.__dict__:
-            self.runtime.journal.engine.dispose()
+        self.runtime.release_connections()
 
 
 class _Waiting:

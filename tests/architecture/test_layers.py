@@ -1,4 +1,4 @@
-"""The layer contract (docs/architecture.md, "Layers"), read from the source's own imports.
+"""The layer contract (docs/architecture.md, "The map"), read from the source's own imports.
 
 Every `import pal...` and `from pal... import` in src/pal is checked, wherever it stands: a module
 may import only its own layer and the layers its row allows, no import may close a circle, and a
@@ -195,3 +195,82 @@ def test_the_contract_catches_a_planted_circle_and_a_lazy_import() -> None:
     assert any("pal.engine.runtime" in c and "pal.engine.steps" in c for c in circles(imports))
     assert any(p.startswith("pal.engine.runtime:2 imports pal.engine.steps inside a function")
                for p in lazy_imports(imports))
+
+
+# The control plane (api, cli, the public client) reads and manages through the engine
+# (pal.engine.control.ControlPlane, `runtime.control`), never the journal's stores: it may import
+# storage's infrastructure (engines, migrations, grants, the LISTEN notifier), not name a journal.
+CONTROL_PLANE = ("pal.api", "pal.cli", "pal.client")
+
+
+def journal_uses(tree: ast.Module) -> Iterator[int]:
+    """Lines of one file that name a journal: `x.journal`, or an import of pal.storage.journal."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr == "journal") or (isinstance(node, ast.ImportFrom) and node.module == "pal.storage.journal"):
+            yield node.lineno
+
+
+def control_plane_journal_uses(trees: dict[str, ast.Module]) -> list[str]:
+    return [f"{module}:{line} names the journal: go through runtime.control (pal.engine.control)"
+            for module, tree in trees.items() if module.startswith(CONTROL_PLANE)
+            for line in journal_uses(tree)]
+
+
+def parsed_house() -> dict[str, ast.Module]:
+    return {module: ast.parse(path.read_text(), str(path)) for module, path in sources().items()}
+
+
+def test_the_control_plane_never_names_the_journal() -> None:
+    assert control_plane_journal_uses(parsed_house()) == []
+
+
+def test_the_rule_catches_a_planted_journal_call() -> None:
+    trees = parsed_house()
+    trees["pal.api.runs"] = ast.parse("def f(rt):\n    return rt.journal.runs.get_run('r')\n")
+    assert control_plane_journal_uses(trees) == [
+        "pal.api.runs:2 names the journal: go through runtime.control (pal.engine.control)"]
+
+
+# `core` holds values and rules, with no I/O of its own. Three modules read the process's own
+# settings at the moment they matter, by design (docs/architecture.md, "The map"): a secret's value
+# at render time, the provider keys redaction hides, the crash tests' fault points (which also
+# SIGKILL their own process). DNS, files and the network live in the layers above.
+CORE_IO_ALLOWED = ("pal.core.secrets", "pal.core.redact", "pal.core.faults")
+IO_CALLS = frozenset({"open", "getaddrinfo", "gethostbyname", "gethostbyname_ex", "create_connection",
+                      "getenv", "kill", "read_text", "read_bytes", "write_text", "write_bytes", "urlopen",
+                      "Popen", "check_output", "system"})
+IO_MODULES = frozenset({"subprocess", "signal", "urllib.request", "http.client", "requests", "httpx"})
+
+
+def io_uses(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, what) for each I/O call, environment read or I/O module import in one file."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if name in IO_CALLS:
+                yield node.lineno, f"calls {name}"
+        elif isinstance(node, ast.Attribute) and node.attr == "environ":
+            yield node.lineno, "reads the environment"
+        elif isinstance(node, ast.Import):
+            yield from ((node.lineno, f"imports {a.name}") for a in node.names if a.name in IO_MODULES)
+        elif isinstance(node, ast.ImportFrom) and node.module in IO_MODULES:
+            yield node.lineno, f"imports {node.module}"
+
+
+def core_io(trees: dict[str, ast.Module]) -> list[str]:
+    return [f"{module}:{line} {what}: core does no I/O" for module, tree in trees.items()
+            if module.startswith("pal.core") and module not in CORE_IO_ALLOWED
+            for line, what in io_uses(tree)]
+
+
+def test_core_does_no_io_beyond_its_three_named_readers() -> None:
+    assert core_io(parsed_house()) == []
+
+
+def test_the_rule_catches_planted_io_in_core() -> None:
+    trees = parsed_house()
+    trees["pal.core.clock"] = ast.parse("import socket, os\ndef f():\n    socket.getaddrinfo('x', 80)\n"
+                                        "    return os.environ['HOME']\n")
+    assert core_io(trees) == ["pal.core.clock:3 calls getaddrinfo: core does no I/O",
+                              "pal.core.clock:4 reads the environment: core does no I/O"]

@@ -35,10 +35,10 @@ def api(processes: Processes, postgres_backend: Backend, api_env: dict[str, str]
     """A `pal api` server and a `pal worker` on Postgres + Redis; tokens for tenants acme and globex."""
     client = Client(postgres_backend.settings)
     journal = client.runtime.journal
-    _, token = journal.create_token(tenant_id="acme", name="test", now=utcnow())
-    _, other = journal.create_token(tenant_id="globex", name="test", now=utcnow())
-    revoked_id, revoked = journal.create_token(tenant_id="acme", name="old", now=utcnow())
-    journal.revoke_token(token_id=revoked_id, now=utcnow())
+    _, token = journal.tokens.create_token(tenant_id="acme", name="test", now=utcnow())
+    _, other = journal.tokens.create_token(tenant_id="globex", name="test", now=utcnow())
+    revoked_id, revoked = journal.tokens.create_token(tenant_id="acme", name="old", now=utcnow())
+    journal.tokens.revoke_token(token_id=revoked_id, now=utcnow())
     port = free_port()
     processes.start(["api", "--port", str(port)], "api.log", **api_env)
     processes.worker("w")

@@ -155,11 +155,11 @@ def test_pal_tokens_create_list_revoke(processes: Processes, postgres_backend: B
     token_id = created.stdout.split()[1]
     secret = created.stdout.strip().splitlines()[-1]
     client = Client(postgres_backend.settings)
-    assert client.runtime.journal.token_tenant(secret) == "acme"
+    assert client.runtime.journal.tokens.token_tenant(secret) == "acme"
     listed = pal("tokens", "list")
     assert token_id in listed.stdout and secret not in listed.stdout and "live" in listed.stdout
     assert pal("tokens", "revoke", token_id).returncode == 0
-    assert client.runtime.journal.token_tenant(secret) is None
+    assert client.runtime.journal.tokens.token_tenant(secret) is None
     assert pal("tokens", "revoke", token_id).returncode == 3
     bad = pal("tokens", "create", "--tenant", "no spaces please")
     assert bad.returncode == 2 and "tenant" in bad.stderr

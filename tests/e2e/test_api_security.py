@@ -258,7 +258,7 @@ def test_nul_and_lone_surrogates_get_400_or_422_never_500_or_503(api: Api) -> No
 
 def test_a_revoked_tokens_open_stream_ends(api: Api) -> None:
     journal = api.client.runtime.journal
-    token_id, token = journal.create_token(tenant_id="acme", name="short-lived", now=utcnow())
+    token_id, token = journal.tokens.create_token(tenant_id="acme", name="short-lived", now=utcnow())
     assert api.post("/v1/runs", json={"graph": gated(), "run_id": "sse-1"}).status_code == 201
     assert wait_until(lambda: api.get("/v1/runs/sse-1").json()["status"] == "waiting", timeout=60)
     kinds: list[str] = []
@@ -271,7 +271,7 @@ def test_a_revoked_tokens_open_stream_ends(api: Api) -> None:
             if line.startswith("event:"):
                 kinds.append(line[6:].strip())
                 if kinds[-1] == "step_waiting":
-                    assert journal.revoke_token(token_id=token_id, now=utcnow())
+                    assert journal.tokens.revoke_token(token_id=token_id, now=utcnow())
     assert kinds[-1] == "step_waiting" and api.get("/v1/runs/sse-1").json()["status"] == "waiting"
     again = api.call("GET", "/v1/runs/sse-1/events", token)
     assert again.status_code == 401

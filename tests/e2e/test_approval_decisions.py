@@ -20,7 +20,7 @@ def _decisions(api: Api, run_id: str) -> list[dict[str, object]]:
 
 
 def test_a_rest_decision_records_the_token_name_and_comment_and_refuses_abuse(api: Api, tmp_path: Path) -> None:
-    _, named = api.client.runtime.journal.create_token(tenant_id="acme", name="ops-alice", now=utcnow())
+    _, named = api.client.runtime.journal.tokens.create_token(tenant_id="acme", name="ops-alice", now=utcnow())
     started = api.post("/v1/runs", json={"graph": approval(tmp_path / "c"), "input": {"amount": 3, "customer": "z"},
                                          "run_id": "gate-who"})
     assert started.status_code == 201

@@ -1,7 +1,7 @@
 """Steps whose effect is awaited (`async def` tools, model calls on the SDK's async client) run on
 a worker's event loop: hundreds wait at once in one solo worker process on a handful of Postgres
 connections; a time limit and a cancellation stop them; a SIGKILL with hundreds in flight loses
-none, re-sends only the cut-off calls, each once (docs/architecture.md, "Awaited steps")."""
+none, re-sends only the cut-off calls, each once (docs/decisions/awaited-steps.md)."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_webhook_and_email_deliveries_await_at_once_in_one_solo_worker_each_deli
             assert most > 10, f"at most {most} deliveries waited at once in a solo worker"
             assert sorted(hooks.idempotency_keys()) == sorted(idempotency_key(r, "m-hook", 1) for r in run_ids)
             assert sorted(smtp.message_ids()) == sorted(f"<{idempotency_key(r, 'm-mail', 1)}@pal>" for r in run_ids)
-            statuses = Counter(row["status"] for r in run_ids for row in client.runtime.journal.receipts(r))
+            statuses = Counter(row["status"] for r in run_ids for row in client.runtime.journal.receipts.receipts(r))
             assert statuses == Counter({"delivered": 2 * runs})
         finally:
             client.close()
@@ -249,6 +249,6 @@ def test_a_sigkill_with_hundreds_of_awaited_steps_in_flight_loses_none(
                     assert keys[idempotency_key(run_id, step, 2)] == 0
                 completed = Counter(e.step_id for e in client.events(run_id) if e.kind == "step_completed")
                 assert completed == Counter({"start": 1, "m0": 1, "m1": 1})
-            assert client.runtime.journal.violations() == []
+            assert client.runtime.journal.doctor.violations() == []
         finally:
             client.close()

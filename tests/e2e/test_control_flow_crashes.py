@@ -110,13 +110,13 @@ def test_a_parent_killed_after_spawning_its_child_never_spawns_a_second(
     run_id = client.start_run(parent_of(child, child_input={"n": 7}), {})
     doomed.wait(timeout=120)
     assert doomed.returncode == -signal.SIGKILL
-    assert len(client.runtime.journal.children(run_id)) == 1
+    assert len(client.runtime.journal.runs.children(run_id)) == 1
     processes.worker("fresh")
     processes.beat()
     run = client.wait(run_id, timeout=120)
     assert run.status == "succeeded", run.error
     assert run.output == {"label": "child", "value": 7}
-    assert len(client.runtime.journal.children(run_id)) == 1
+    assert len(client.runtime.journal.runs.children(run_id)) == 1
     assert calls(counter) == ["child"]
     assert_exactly_once(client, run_id)
     client.close()

@@ -161,7 +161,7 @@ def _effects(cell: Cell, folder: Path, model: FakeModelServer, hooks: WebhookRec
     """(effects seen, children of the run)."""
     key = idempotency_key(cell.run_id, "x", 1)
     log = folder / f"{cell.run_id}.log"
-    children = client.runtime.journal.children(cell.run_id)
+    children = client.runtime.journal.runs.children(cell.run_id)
     if cell.kind == "ai-step":
         return model.idempotency_keys().count(key), 0
     if cell.kind == "connector":
@@ -198,7 +198,7 @@ def matrix(module_backend: Backend, tmp_path_factory: pytest.TempPathFactory) ->
                 run = client.get_run(cell.run_id)
                 events = client.events(cell.run_id)
                 effects, children = _effects(cell, folder, model, hooks, smtp, client)
-                ids = {cell.run_id} | {c.id for c in client.runtime.journal.children(cell.run_id)}
+                ids = {cell.run_id} | {c.id for c in client.runtime.journal.runs.children(cell.run_id)}
                 fired = (Path(f"{markers}.{worker_targets.index(cell.target)}").exists() if not cell.decided_by_cli
                          else (folder / f"decider-{cell.run_id}").exists())
                 outcomes[cell] = Outcome(

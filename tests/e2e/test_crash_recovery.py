@@ -26,8 +26,8 @@ def assert_exactly_once(client: Client, run_id: str) -> None:
     assert set(completed.values()) == {1}, completed
     terminal = [e.kind for e in events if e.kind in ("run_succeeded", "run_failed", "run_cancelled")]
     assert terminal == ["run_succeeded"]
-    assert client.runtime.journal.get_lease(run_id) is None
-    assert client.runtime.journal.violations() == []  # `pal doctor` finds the journal clean
+    assert client.runtime.journal.runs.get_lease(run_id) is None
+    assert client.runtime.journal.doctor.violations() == []  # `pal doctor` finds the journal clean
 
 
 @pytest.mark.parametrize("point", STEP_POINTS)

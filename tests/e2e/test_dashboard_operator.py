@@ -219,13 +219,13 @@ def test_filtering_and_paging_the_runs_list(api: Api, tmp_path: Path) -> None:
     journal = api.client.runtime.journal
     for i in range(53):  # queued runs written straight to the journal: no worker needs to run them
         name = "refunds" if i % 2 else "reports"
-        journal.create_run(run_id=f"bulk-{i:02d}", tenant_id="acme", kind="graph",
-                           graph={"name": name, "nodes": []}, graph_hash=None, run_input=None,
-                           now=utcnow(), lease_ttl=600)
-    journal.create_run(run_id="theirs-1", tenant_id="globex", kind="graph", graph={"name": "refunds"},
-                       graph_hash=None, run_input=None, now=utcnow(), lease_ttl=600)
-    journal.create_run(run_id="nameless-1", tenant_id="acme", kind="graph", graph={"nodes": []},
-                       graph_hash="ab12cd34ef56ab12cd34", run_input=None, now=utcnow(), lease_ttl=600)
+        journal.runs.create_run(run_id=f"bulk-{i:02d}", tenant_id="acme", kind="graph",
+                                graph={"name": name, "nodes": []}, graph_hash=None, run_input=None,
+                                now=utcnow(), lease_ttl=600)
+    journal.runs.create_run(run_id="theirs-1", tenant_id="globex", kind="graph", graph={"name": "refunds"},
+                            graph_hash=None, run_input=None, now=utcnow(), lease_ttl=600)
+    journal.runs.create_run(run_id="nameless-1", tenant_id="acme", kind="graph", graph={"nodes": []},
+                            graph_hash="ab12cd34ef56ab12cd34", run_input=None, now=utcnow(), lease_ttl=600)
     with logged_in(api) as page:
         page.goto(api.url + "/runs")
         expect(page.locator("#runs tr[data-run]")).to_have_count(50)

@@ -28,7 +28,7 @@ document.addEventListener("securitypolicyviolation", (e) => {
 
 
 def test_the_dashboard_works_under_its_csp_and_runs_no_injected_script(api: Api) -> None:
-    _, token = api.client.runtime.journal.create_token(tenant_id=HOSTILE_TENANT, name="csp", now=utcnow())
+    _, token = api.client.runtime.journal.tokens.create_token(tenant_id=HOSTILE_TENANT, name="csp", now=utcnow())
     violations: list[str] = []
     console: list[str] = []
     dialogs: list[str] = []

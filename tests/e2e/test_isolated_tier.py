@@ -79,7 +79,7 @@ def test_a_vm_killed_in_step_3_resumes_in_a_second_vm_that_skips_steps_1_and_2(
     run_id = client.start_run(microvm("agent", sys.executable, "agent.py", driver=driver, OUTSIDE=str(outside)),
                               {})
     assert wait_until(lambda: (work / "in-step-3").exists(), timeout=90), logs(root)
-    in_step_3 = client.runtime.journal.vms(run_id)[-1]
+    in_step_3 = client.runtime.journal.vms.vms(run_id)[-1]
     assert in_step_3.state == "running" and in_step_3.pid
     os.killpg(in_step_3.pid, signal.SIGKILL)  # the whole VM: harness, sandbox, workload
     run = client.wait(run_id, timeout=120)
@@ -89,14 +89,14 @@ def test_a_vm_killed_in_step_3_resumes_in_a_second_vm_that_skips_steps_1_and_2(
     assert ledger == ["s1 resume=0", "s2 resume=0", "s3 resume=0", "s3 resume=1", "s4 resume=1"] or (
         driver == "qemu-microvm"  # a first microVM that never booted was stopped by its harness's watchdog
         and ledger == ["s1 resume=1", "s2 resume=1", "s3 resume=1", "s3 resume=1", "s4 resume=1"])
-    vms = client.runtime.journal.vms(run_id)
+    vms = client.runtime.journal.vms.vms(run_id)
     assert [(v.attempt, v.state) for v in vms][-2:] == [(len(vms) - 1, "terminated"), (len(vms), "terminated")]
     assert len(vms) == 2 or (driver == "qemu-microvm" and len(vms) == 3 and vms[0].state == "failed")
     events = client.events(run_id)
     completed = [e.step_id for e in events if e.kind == "step_completed"]
     assert completed == ["s1", "s2", "s3", "s4"]  # each once, across both VMs
     assert any(e.kind == "run_recovered" for e in events)
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
     shown = processes.cli("runs", "events", run_id, "--json")  # the workload's steps, like any other
     assert shown.returncode == 0, shown.stderr
     assert [e["step_id"] for e in json.loads(shown.stdout) if e["kind"] == "step_completed"] == completed
@@ -122,5 +122,5 @@ def test_a_workload_that_always_crashes_is_exhausted_after_three_vms(vm_host: tu
     run = client.wait(run_id, timeout=120)
     assert run.status == "failed" and run.error["code"] == "microvm_resume_exhausted"
     assert run.error["attempts"] == 3
-    assert [(v.attempt, v.exit_code) for v in client.runtime.journal.vms(run_id)] == [(1, 3), (2, 3), (3, 3)]
+    assert [(v.attempt, v.exit_code) for v in client.runtime.journal.vms.vms(run_id)] == [(1, 3), (2, 3), (3, 3)]
     assert [e.kind for e in client.events(run_id)].count("run_failed") == 1

@@ -48,8 +48,8 @@ def finished_runs(backend: Backend, count: int, *, seconds: float = YEARS_BEFORE
             run_id = f"{prefix}-{n}"
             new_run(journal, run_id, seconds=seconds + n)
             f = fence(run_id, seconds=seconds + n + 0.5)
-            claim = journal.claim_step(f, "a")
-            journal.complete_step(f, "a", claim.attempt, {"n": n}, plan=kit.finishing({"n": n}))
+            claim = journal.steps.claim_step(f, "a")
+            journal.steps.complete_step(f, "a", claim.attempt, {"n": n}, plan=kit.finishing({"n": n}))
 
 
 def count_runs(backend: Backend) -> tuple[int, int]:

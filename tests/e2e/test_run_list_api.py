@@ -15,8 +15,8 @@ def seed(api: Api) -> None:
     journal = api.client.runtime.journal
     for run_id, tenant, name in (("ref-1", "acme", "refunds"), ("ref-2", "acme", "refunds"),
                                  ("rep-1", "acme", "reports"), ("ref-x", "globex", "refunds")):
-        journal.create_run(run_id=run_id, tenant_id=tenant, kind="graph", graph={"name": name, "nodes": []},
-                           graph_hash=None, run_input=None, now=utcnow(), lease_ttl=600)
+        journal.runs.create_run(run_id=run_id, tenant_id=tenant, kind="graph", graph={"name": name, "nodes": []},
+                                graph_hash=None, run_input=None, now=utcnow(), lease_ttl=600)
 
 
 def ids(api: Api, **params: Any) -> list[str]:

@@ -165,7 +165,7 @@ def test_a_hostile_workload_is_refused_everything_and_the_host_is_untouched(
     run = api.client.wait(run_id, timeout=240)
     assert run.status == "succeeded", (run.error, logs(root))
     report = run.output
-    vms = api.client.runtime.journal.vms(run_id)
+    vms = api.client.runtime.journal.vms.vms(run_id)
     assert [v.exit_code for v in vms][-2:] == [1, 0], logs(root)  # the second VM started among the plants
 
     # Unprivileged: not root, no capability at all, no way to gain one, the filter on.
@@ -227,7 +227,7 @@ def test_a_workload_printing_without_end_fills_no_disk_of_the_hosts(vm_host: tup
     flood = "import sys\nfor _ in range(64):\n    sys.stdout.write('y' * (1 << 20))\nsys.stdout.flush()\n"
     run_id = client.start_run(microvm("flood", sys.executable, "-c", flood), {})
     assert client.wait(run_id, timeout=120).status == "succeeded", logs(root)
-    [vm] = client.runtime.journal.vms(run_id)
+    [vm] = client.runtime.journal.vms.vms(run_id)
     log = root / ".state" / vm.id / "harness.log"
     assert MAX_WORKLOAD_LOG <= log.stat().st_size < MAX_WORKLOAD_LOG + 4096  # 64 MiB printed, 16 kept
     assert "output past 16 MiB is not kept" in log.read_text(errors="replace")[-4096:]
@@ -253,7 +253,7 @@ def test_a_workload_over_its_limits_is_stopped_and_the_host_serves_the_next_run(
     run_id = client.start_run(microvm("hog", sys.executable, "-c", program) | limits, {})
     run = client.wait(run_id, timeout=180)
     assert run.status == "failed" and run.error["code"] == "microvm_resume_exhausted", logs(root)
-    assert [v.exit_code for v in client.runtime.journal.vms(run_id)] == [exit_code] * 3, logs(root)
+    assert [v.exit_code for v in client.runtime.journal.vms.vms(run_id)] == [exit_code] * 3, logs(root)
     if "pids" in limits:
         forks = int((root / tenant_segment(client.runtime.settings.tenant) / "hog" / "forks.txt").read_text())
         assert forks < limits["pids"]
@@ -261,6 +261,6 @@ def test_a_workload_over_its_limits_is_stopped_and_the_host_serves_the_next_run(
         assert "killed for its memory limit (128 MiB)" in logs(root)
     after = client.start_run(microvm("next", sys.executable, "-c", "print('fine')"), {})
     assert client.wait(after, timeout=120).status == "succeeded", logs(root)
-    groups = [Path("/sys/fs/cgroup", *parts, vm.id) for vm in client.runtime.journal.vms(run_id)
+    groups = [Path("/sys/fs/cgroup", *parts, vm.id) for vm in client.runtime.journal.vms.vms(run_id)
               for parts in (("memory", "pal"), ("pids", "pal"), ("cpu", "pal"), ("pal",))]
     assert wait_until(lambda: not any(g.exists() for g in groups), timeout=30)  # each VM's cgroup removed

@@ -36,8 +36,8 @@ class Plane:
     def __init__(self, processes: Processes, backend: Backend) -> None:
         self.processes, self.backend = processes, backend
         self.client = Client(backend.settings)
-        _, self.token = self.client.runtime.journal.create_token(tenant_id=backend.settings.tenant, name="t",
-                                                                 now=utcnow())
+        _, self.token = self.client.runtime.journal.tokens.create_token(tenant_id=backend.settings.tenant, name="t",
+                                                                        now=utcnow())
         port = free_port()
         self.api = f"http://127.0.0.1:{port}"
         processes.common |= {"PAL_EGRESS_ALLOW": "127.0.0.1", **RECEIPT_ENV}
@@ -71,7 +71,7 @@ def test_a_secret_in_a_subagents_input_is_used_by_the_child_and_stored_nowhere(
                 "graph": child, "input": {"token": "{{ secrets.HOOK_TOKEN }}", "note": "plain words"}}})
             run_id = plane.client.start_run(parent, {})
             assert plane.client.wait(run_id, timeout=90).status == "succeeded"
-            children = plane.client.runtime.journal.children(run_id)
+            children = plane.client.runtime.journal.runs.children(run_id)
             assert len(children) == 1
             child_run = plane.client.get_run(children[0].id)
             # The child used the real value where it was needed ...
@@ -101,7 +101,7 @@ def test_a_secret_echoed_in_a_delivered_webhook_answer_is_stored_nowhere(
             run_id = plane.client.start_run(hook, {})
             assert plane.client.wait(run_id, timeout=90).status == "succeeded"
             assert echo.requests[0].headers["x-token"] == SECRET  # the receiver really echoed the value
-            receipts = plane.client.runtime.journal.receipts(run_id)
+            receipts = plane.client.runtime.journal.receipts.receipts(run_id)
             assert [r["status"] for r in receipts] == ["delivered"]
             echoed = receipts[0]["response"]["body"]["echo"]
             assert echoed["headers"]["x-token"] == PLACEHOLDER and echoed["body"] == {"token": PLACEHOLDER}

@@ -39,8 +39,8 @@ def test_credentials_reach_no_sink(processes: Processes, postgres_backend: Backe
                              "PAL_EGRESS_ALLOW": "127.0.0.1"}
         client = Client(postgres_backend.settings)
         try:
-            _, token = client.runtime.journal.create_token(tenant_id=postgres_backend.settings.tenant,
-                                                           name="t", now=utcnow())
+            _, token = client.runtime.journal.tokens.create_token(tenant_id=postgres_backend.settings.tenant,
+                                                                  name="t", now=utcnow())
             port = free_port()
             processes.start(["api", "--port", str(port)], "api.log")
             processes.worker("w")
@@ -61,7 +61,7 @@ def test_credentials_reach_no_sink(processes: Processes, postgres_backend: Backe
                 run = client.get_run(run_id)
                 sinks[f"{run_id} stored"] = json.dumps(
                     [run.as_dict(), [e.as_dict() for e in client.events(run_id)],
-                     client.runtime.journal.receipts(run_id)], default=str)
+                     client.runtime.journal.receipts.receipts(run_id)], default=str)
                 for route in ("", "/journal", "/waterfall", "/events"):
                     reply = web.get(f"{api}/v1/runs/{run_id}{route}", headers=auth, timeout=30)
                     assert reply.status_code == 200, (route, reply.text)
@@ -98,7 +98,7 @@ def test_a_secret_by_name_is_used_but_never_journaled(processes: Processes, post
             for run_id in (done, failed):
                 stored = json.dumps([client.get_run(run_id).as_dict(),
                                      [e.as_dict() for e in client.events(run_id)],
-                                     client.runtime.journal.receipts(run_id)], default=str)
+                                     client.runtime.journal.receipts.receipts(run_id)], default=str)
                 assert secret not in stored
             assert secret not in (processes.folder / "w.log").read_text()
         finally:

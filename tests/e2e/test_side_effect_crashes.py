@@ -53,7 +53,7 @@ def crash_then_finish(processes: Processes, client: Client, tmp_path: Path, poin
     assert set(Counter(e.step_id for e in events if e.kind == "step_completed").values()) <= {1}
     assert len([e for e in events if e.kind in TERMINAL]) == 1
     assert any(e.kind == "run_recovered" for e in events)
-    assert client.runtime.journal.violations() == []  # `pal doctor` finds the journal clean
+    assert client.runtime.journal.doctor.violations() == []  # `pal doctor` finds the journal clean
     return run_id
 
 
@@ -149,7 +149,7 @@ def test_an_idempotent_webhook_receiver_gets_one_effective_delivery(
         assert set(receiver.idempotency_keys()) == {key}
         assert len(receiver.effective_deliveries()) == 1
     assert client.get_run(run_id).status == "succeeded"
-    assert client.runtime.journal.receipts(run_id)[0]["status"] == "delivered"
+    assert client.runtime.journal.receipts.receipts(run_id)[0]["status"] == "delivered"
     client.close()
 
 

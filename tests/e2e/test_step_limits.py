@@ -28,7 +28,7 @@ def slow(tool: str, seconds: float, timeout_ms: int | None) -> dict[str, Any]:
 
 
 def failure_of(client: Client, run_id: str) -> dict[str, Any]:
-    [failed] = [e for e in client.runtime.journal.events(run_id) if e.kind == "step_failed"]
+    [failed] = [e for e in client.runtime.journal.runs.events(run_id) if e.kind == "step_failed"]
     error: dict[str, Any] = failed.payload["error"]
     return error
 
@@ -52,7 +52,7 @@ def test_a_step_past_its_limit_is_stopped_and_its_worker_freed(
             assert error["code"] == "step_timeout" and error["class"] == "timeout"
             assert "time limit of 0.3s" in error["message"]
         assert client.get_run(after).status == "succeeded"
-        assert client.runtime.journal.violations() == []
+        assert client.runtime.journal.doctor.violations() == []
     finally:
         client.close()
 
@@ -76,7 +76,7 @@ def test_a_timed_out_step_is_retried_by_its_policy(processes: Processes, postgre
         graph["nodes"][1]["data"]["retry"] = {"maxAttempts": 2, "retryableClasses": ["timeout"]}
         run_id = client.start_run(graph, {})
         assert client.wait(run_id, timeout=25).status == "failed"
-        kinds = [e.kind for e in client.runtime.journal.events(run_id) if e.step_id == "slow"]
+        kinds = [e.kind for e in client.runtime.journal.runs.events(run_id) if e.step_id == "slow"]
         assert kinds == ["step_started", "step_retrying", "step_started", "step_failed"]
     finally:
         client.close()
@@ -89,13 +89,13 @@ def test_cancelling_a_run_stops_its_running_step(processes: Processes, postgres_
         processes.worker("w")  # one solo process: while the nap runs, nothing else can
         run_id = client.start_run(slow("nap", 30, 600_000), {})
         assert wait_until(lambda: any(e.kind == "step_started" and e.step_id == "slow"
-                                      for e in client.runtime.journal.events(run_id)), 20)
+                                      for e in client.runtime.journal.runs.events(run_id)), 20)
         client.cancel(run_id, reason="stop it")
         after = client.start_run(linear(counter, 1), {})
         # Done long before the 30 s nap could have ended: the cancelled step was stopped.
         assert client.wait(after, timeout=20).status == "succeeded"
         assert client.get_run(run_id).status == "cancelled"
-        assert not [e for e in client.runtime.journal.events(run_id) if e.kind == "step_completed"
+        assert not [e for e in client.runtime.journal.runs.events(run_id) if e.kind == "step_completed"
                     and e.step_id == "slow"]
         assert "lease generation" in (processes.folder / "w.log").read_text()
     finally:

@@ -65,4 +65,4 @@ def test_a_traceparent_header_on_post_v1_runs_is_kept_and_a_bad_one_ignored(api:
         assert reply.status_code == (422 if len(header) > 256 else 201), reply.text
     assert api.client.events("traced-1")[0].payload["traceparent"] == good
     assert "traceparent" not in api.client.events("traced-2")[0].payload
-    assert not api.client.runtime.journal.run_exists("traced-3")  # refused before anything is written
+    assert not api.client.runtime.journal.runs.run_exists("traced-3")  # refused before anything is written

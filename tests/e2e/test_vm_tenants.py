@@ -102,7 +102,7 @@ def test_an_attacker_vm_beside_a_victim_vm_reaches_nothing_of_it(vm_host: tuple[
                     | {"memoryMb": 256, "pids": 64, "cpus": 0.5})
     assert wait_until(lambda: any(e.kind == "step_completed" for e in client.events(victim)), timeout=90), \
         logs(root)
-    [victim_vm] = client.runtime.journal.vms(victim)
+    [victim_vm] = client.runtime.journal.vms.vms(victim)
     # The victim's VM runs in the cgroup its document asked for.
     cgroup = Path("/sys/fs/cgroup")
     assert (cgroup / "memory" / "pal" / victim_vm.id / "memory.limit_in_bytes").read_text().strip() \

@@ -1,7 +1,7 @@
 """Many steps waiting at once on a threads worker hold no Postgres connection while they wait: the
 worker's process opens at most PAL_DB_POOL_SIZE connections, counted in pg_stat_activity by the
 worker's own application_name, while far more steps than that are in flight; every run finishes and
-every step runs once (docs/architecture.md, "Connections")."""
+every step runs once (docs/decisions/bounded-connections.md)."""
 
 from __future__ import annotations
 

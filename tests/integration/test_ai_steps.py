@@ -59,7 +59,7 @@ def ask(provider: str) -> dict[str, Any]:
 def everything_stored(client: Client, run_id: str) -> str:
     journal = client.runtime.journal
     return json.dumps([client.get_run(run_id).as_dict(), [e.as_dict() for e in client.events(run_id)],
-                       journal.receipts(run_id)], default=str)
+                       journal.receipts.receipts(run_id)], default=str)
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])

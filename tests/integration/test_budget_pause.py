@@ -52,7 +52,7 @@ def test_the_step_past_the_budget_waits_before_its_node_runs(client: Client, out
     [pending] = client.pending_approvals(run_id)
     assert (pending.step_id, pending.kind) == ("s1", "budget")
     assert pending.approval_hash == waiting.payload["approval_hash"]
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 def test_approved_the_step_runs_once_and_the_next_one_waits_again(client: Client, outbox: Outbox,
@@ -75,7 +75,7 @@ def test_approved_the_step_runs_once_and_the_next_one_waits_again(client: Client
     assert run.status == "succeeded" and lines(counter) == 3
     completed = [e.step_id for e in events_of(client, run_id, "step_completed")]
     assert sorted(completed) == sorted(set(completed))  # each step completed exactly once
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 def test_rejected_the_run_fails_budget_exceeded(client: Client, outbox: Outbox, counter: Path) -> None:
@@ -87,7 +87,7 @@ def test_rejected_the_run_fails_budget_exceeded(client: Client, outbox: Outbox, 
     assert run.error["decision"] == "rejected" and run.error["comment"] == "too dear"
     assert run.error["limit_name"] == "maxSteps" and lines(counter) == 1
     assert events_of(client, run_id, "step_started")[-1].step_id == "s1"  # nothing claimed after
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 def test_forged_and_stale_decisions_are_refused_with_nothing_written(client: Client, outbox: Outbox,
@@ -133,4 +133,4 @@ def test_two_racing_decisions_one_wins(client: Client, outbox: Outbox, counter: 
     drain(client, outbox)
     winner = next(r for r in results if r != "refused")
     assert lines(counter) == (2 if winner == "approved" else 1)
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []

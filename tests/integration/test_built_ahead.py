@@ -1,5 +1,5 @@
 """A completion's successors' messages are built while the completion is on its way to Postgres,
-and sent only once it has committed (docs/architecture.md, "The step protocol"): the overlap, the
+and sent only once it has committed (docs/architecture.md, "The life of one step"): the overlap, the
 order, and what a call interrupted, a build that fails or a fenced-out completion leave behind.
 Real Postgres, real Redis."""
 

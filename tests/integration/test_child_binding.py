@@ -21,8 +21,8 @@ CHILD = single({"id": "c", "type": "output", "data": {"value": "the real child"}
 def _intruder_run(client: Client, run_id: str) -> None:
     """A finished run of another tenant under `run_id`, as an older PAL let a caller create."""
     journal = client.runtime.journal
-    journal.create_run(run_id=run_id, tenant_id="intruder", kind="graph", graph=CHILD, graph_hash=None,
-                       run_input={"planted": True}, now=utcnow(), lease_ttl=30)
+    journal.runs.create_run(run_id=run_id, tenant_id="intruder", kind="graph", graph=CHILD, graph_hash=None,
+                            run_input={"planted": True}, now=utcnow(), lease_ttl=30)
 
 
 def test_a_subagent_never_adopts_a_run_planted_under_its_childs_id(client: Client, counter: Path) -> None:
@@ -36,7 +36,7 @@ def test_a_subagent_never_adopts_a_run_planted_under_its_childs_id(client: Clien
     run = client.get_run(run_id)
     assert run.status == "failed"
     assert "not available" in run.error["message"]
-    assert client.runtime.journal.children(run_id) == []
+    assert client.runtime.journal.runs.children(run_id) == []
     intruder = client.get_run(planted)
     assert (intruder.tenant_id, intruder.parent_run_id, intruder.input) == ("intruder", None, {"planted": True})
 

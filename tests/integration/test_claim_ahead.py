@@ -180,15 +180,15 @@ def test_a_fenced_out_completion_claims_nothing(worker: TakingWorker, counter: P
     worker.deliver(worker.outbox.pop(0))
     worker.deliver(worker.taken.pop(0))  # s0; s1 claimed ahead
     journal = worker.client.runtime.journal
-    claim = journal.claim_step(Fence(run_id, 1, "w", utcnow(), 30), "s1")  # the claim ahead
+    claim = journal.steps.claim_step(Fence(run_id, 1, "w", utcnow(), 30), "s1")  # the claim ahead
     assert claim.run is not None
     program = worker.client.runtime.program_of(claim.run)
     with journal.engine.begin() as conn:  # another generation takes the lease
         conn.execute(sa.text("UPDATE run_locks SET generation = 7 WHERE run_id = :r"), {"r": run_id})
     before = step_transactions(worker.client, run_id)
     with pytest.raises(LeaseLost):
-        journal.complete_step(Fence(run_id, 1, "w", utcnow(), 30), "s1", claim.attempt, {"value": 1},
-                              plan=lambda done: program.handoff(done, "s1"), claim_next=True)
+        journal.steps.complete_step(Fence(run_id, 1, "w", utcnow(), 30), "s1", claim.attempt, {"value": 1},
+                                    plan=lambda done: program.handoff(done, "s1"), claim_next=True)
     assert step_transactions(worker.client, run_id) == before
 
 

@@ -87,7 +87,7 @@ def test_three_of_five_diverts_to_an_approval_and_approved_it_runs_once(
     assert run.status == "succeeded" and run.output == "acted" and lines(counter) == 1
     assert len(events_of(client, run_id, "confidence_evaluated")) == 1  # the run on never sampled again
     assert run.input_tokens > 0  # the gate's samples count in the run's totals
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 def test_four_of_five_runs_without_asking(enforced: tuple[Client, Outbox], counter: Path) -> None:
@@ -184,15 +184,15 @@ def test_an_evaluation_is_never_journaled_twice(enforced: tuple[Client, Outbox],
     execute_step(client.runtime, *outbox.pop(0))  # the trigger
     [(_, step_id, generation)] = outbox
     fence = client.runtime.fence(run_id, generation)
-    assert client.runtime.journal.claim_step(fence, step_id).outcome is ClaimOutcome.RUN
+    assert client.runtime.journal.steps.claim_step(fence, step_id).outcome is ClaimOutcome.RUN
 
     def evaluation(score: float, tokens: int) -> dict[str, Any]:
         return {"score": score, "threshold": 0.75, "decision": "execute" if score >= 0.75 else "divert",
                 "estimator": "self_consistency", "samples": 5, "mode": "enforce",
                 "usage": {"input_tokens": tokens, "output_tokens": 0, "cost_usd": "0"}}
 
-    first = client.runtime.journal.record_confidence(fence, step_id, 1, evaluation(0.6, 7), Usage(7, 0))
-    again = client.runtime.journal.record_confidence(fence, step_id, 1, evaluation(1.0, 9), Usage(9, 0))
+    first = client.runtime.journal.confidence.record_confidence(fence, step_id, 1, evaluation(0.6, 7), Usage(7, 0))
+    again = client.runtime.journal.confidence.record_confidence(fence, step_id, 1, evaluation(1.0, 9), Usage(9, 0))
     assert first["score"] == again["score"] == 0.6  # the first evaluation stands
     assert len(events_of(client, run_id, "confidence_evaluated")) == 1
     assert client.get_run(run_id).input_tokens == 7  # its usage counted once

@@ -41,7 +41,7 @@ def test_approval_parks_the_run_without_a_lease_then_follows_the_approved_branch
     waiting_on(client, run_id, "gate")
     run = client.get_run(run_id)
     assert run.status == "waiting"
-    assert client.runtime.journal.get_lease(run_id) is None  # no lease, no worker held
+    assert client.runtime.journal.runs.get_lease(run_id) is None  # no lease, no worker held
     [waiting] = [e for e in client.events(run_id) if e.kind == "step_waiting"]
     assert waiting.payload["prompt"] == "Refund 30 to acme?"
     assert waiting.payload["approval_hash"] == approval_hash("Refund 30 to acme?", {"amount": 30})
@@ -99,7 +99,7 @@ def test_an_expired_approval_takes_its_timeout_branch_or_fails_on_the_sweep(
     waiting_on(client, run_id, "gate")
     waiting = next(e for e in client.events(run_id) if e.kind == "step_waiting")
     assert "expires_at" in waiting.payload
-    assert client.runtime.journal.wake_time(run_id) is not None
+    assert client.runtime.journal.waits.wake_time(run_id) is not None
     assert sweep(client.runtime).woken.get(run_id, 0) == 0 or client.get_run(run_id).status != "waiting"
     sweep(client.runtime, now=utcnow() + timedelta(seconds=2))
     run = client.wait(run_id, timeout=60)
@@ -118,7 +118,7 @@ def test_subagent_runs_a_child_and_returns_its_output(client: Client, worker: No
     run = client.wait(run_id, timeout=60)
     assert run.status == "succeeded", run.error
     assert run.output == {"label": "child", "value": 42}
-    [kid] = client.runtime.journal.children(run_id)
+    [kid] = client.runtime.journal.runs.children(run_id)
     assert kid.id == child_run_id(run_id, "sub", 1) and kid.parent_step_id == "sub"
     assert kid.status == "succeeded" and kid.tenant_id == run.tenant_id
     assert calls(counter) == ["child"]
@@ -134,7 +134,7 @@ def test_a_re_driven_subagent_step_finds_its_child(client: Client, counter: Path
     sub = sent.pop(0)
     journal = client.runtime.journal
     # The worker running `sub` died after creating the child and before parking: run it again.
-    claim = journal.claim_step(Fence(run_id, 1, "doomed", utcnow(), 30), "sub")
+    claim = journal.steps.claim_step(Fence(run_id, 1, "doomed", utcnow(), 30), "sub")
     from pal.nodes.base import StepContext
 
     ctx = StepContext(run_id=run_id, step_id="sub", attempt=claim.attempt, input={}, services=NodeServices(client.runtime))
@@ -145,7 +145,7 @@ def test_a_re_driven_subagent_step_finds_its_child(client: Client, counter: Path
     recovery = redrive(client.runtime, run_id, require_expired=False)
     assert recovery is not None and recovery.resumed_steps == ("sub",)
     execute_step(client.runtime, run_id, "sub", recovery.generation)
-    assert [c.id for c in journal.children(run_id)] == [first]  # never a second child
+    assert [c.id for c in journal.runs.children(run_id)] == [first]  # never a second child
     while sent:
         execute_step(client.runtime, *sent.pop(0))
     assert client.get_run(run_id).status == "succeeded"
@@ -224,7 +224,7 @@ def test_cancel_stops_a_run_and_every_descendant_once(client: Client, worker: No
     for rid in cancelled:
         assert client.get_run(rid).status == "cancelled"
         assert terminal(client.events(rid)) == ["run_cancelled"]
-        assert client.runtime.journal.get_lease(rid) is None
+        assert client.runtime.journal.runs.get_lease(rid) is None
     assert client.get_run(run_id).error == {"code": "cancelled", "by": "ada", "reason": "changed my mind",
                                             "cancelled_with": None}
     with pytest.raises(Refused, match="is cancelled; it cannot be cancelled"):
@@ -254,10 +254,10 @@ def test_cancel_with_a_running_child_a_waiting_approval_and_a_queued_step(client
     sent.clear()
     assert execute_step(client.runtime, *by_step["gate"]).outcome == "waiting"
     assert execute_step(client.runtime, *by_step["sub"]).outcome == "waiting"
-    [kid] = journal.children(run_id)
+    [kid] = journal.runs.children(run_id)
     execute_step(client.runtime, *sent.pop(0))  # the child's trigger
     child_work = sent.pop(0)
-    running = journal.claim_step(Fence(kid.id, child_work[2], "busy", utcnow(), 30), "work")
+    running = journal.steps.claim_step(Fence(kid.id, child_work[2], "busy", utcnow(), 30), "work")
     assert running.outcome.value == "run"  # the child's step is running; `later` is still queued
     cancelled = client.cancel(run_id, reason="stop", by="ada")
     assert sorted(cancelled) == sorted([run_id, kid.id])
@@ -267,7 +267,7 @@ def test_cancel_with_a_running_child_a_waiting_approval_and_a_queued_step(client
     from pal.errors import LeaseLost
 
     with pytest.raises(LeaseLost):
-        journal.complete_step(Fence(kid.id, child_work[2], "busy", utcnow(), 30), "work", 1, 1, plan=lambda done: client.runtime.program_of(kid).handoff(done, "work"))
+        journal.steps.complete_step(Fence(kid.id, child_work[2], "busy", utcnow(), 30), "work", 1, 1, plan=lambda done: client.runtime.program_of(kid).handoff(done, "work"))
     with pytest.raises(Refused):
         client.approve(run_id, "gate")
     for rid in (run_id, kid.id):
@@ -326,14 +326,14 @@ def test_a_child_is_never_started_under_a_cancelled_parent(client: Client, count
     ctx = StepContext(run_id=run_id, step_id="sub", attempt=1, input={}, services=NodeServices(client.runtime))
     with pytest.raises(Refused, match="starts no child runs"):
         NodeServices(client.runtime).start_child(ctx, child, {})
-    assert client.runtime.journal.children(run_id) == []
+    assert client.runtime.journal.runs.children(run_id) == []
 
 
 def test_a_failed_parent_cancels_its_paused_child(client: Client, worker: None, counter: Path) -> None:
     run_id = client.start_run(parent_of(approval(counter), child_input={"amount": 1, "customer": "i"},
                                         on_child_approval="fail"), {})
     assert client.wait(run_id, timeout=60).error["code"] == "child_run_paused"
-    [kid] = client.runtime.journal.children(run_id)
+    [kid] = client.runtime.journal.runs.children(run_id)
     assert kid.status == "cancelled" and kid.error["code"] == "parent_failed"
     with pytest.raises(Refused):
         client.approve(kid.id, "gate")  # nothing can act for the failed parent any more

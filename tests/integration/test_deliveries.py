@@ -40,9 +40,9 @@ def drain(client: Client, sent: Outbox) -> None:
 def plant_receipt(client: Client, run_id: str, status: str | None = None) -> str:
     """What a worker that died mid-delivery leaves behind: a claim (maybe settled) for attempt 1."""
     key = idempotency_key(run_id, "notify", 1)
-    client.runtime.journal.claim_receipt(Fence(run_id, 1, "dead-worker", utcnow(), 30), key=key, step_id="notify", attempt=1, effect_kind="webhook", target="earlier")
+    client.runtime.journal.receipts.claim_receipt(Fence(run_id, 1, "dead-worker", utcnow(), 30), key=key, step_id="notify", attempt=1, effect_kind="webhook", target="earlier")
     if status is not None:
-        client.runtime.journal.settle_receipt(key=key, status=status, response={"status": 200}, now=utcnow())
+        client.runtime.journal.receipts.settle_receipt(key=key, status=status, response={"status": 200}, now=utcnow())
     return key
 
 
@@ -55,7 +55,7 @@ def test_webhook_is_delivered_once_with_the_idempotency_key(
     assert request.path == "/hook" and request.body == {"ticket": "T-1"}
     assert request.headers["idempotency-key"] == idempotency_key(run_id, "notify", 1)
     assert request.headers["x-source"] == "pal"
-    [receipt] = client.runtime.journal.receipts(run_id)
+    [receipt] = client.runtime.journal.receipts.receipts(run_id)
     assert receipt["status"] == "delivered" and receipt["effect_kind"] == "webhook"
     assert receipt["idempotency_key"] == request.headers["idempotency-key"]
     assert run.output == {"delivered": True, "replayed": False,
@@ -107,7 +107,7 @@ def test_an_idempotent_receiver_gets_the_unconfirmed_delivery_again_with_the_sam
     drain(client, sent)
     assert client.get_run(run_id).status == "succeeded"
     assert receiver.idempotency_keys() == [key]
-    assert client.runtime.journal.receipts(run_id)[0]["status"] == "delivered"
+    assert client.runtime.journal.receipts.receipts(run_id)[0]["status"] == "delivered"
 
 
 def test_a_refused_webhook_is_a_connector_failure_retried_with_a_new_attempt(
@@ -120,14 +120,14 @@ def test_a_refused_webhook_is_a_connector_failure_retried_with_a_new_attempt(
         assert run.error["code"] == "delivery_failed" and "HTTP 422" in run.error["message"]
         assert refusing.idempotency_keys() == [idempotency_key(run_id, "notify", 1),
                                                idempotency_key(run_id, "notify", 2)]
-    assert [r["status"] for r in client.runtime.journal.receipts(run_id)] == ["failed", "failed"]
+    assert [r["status"] for r in client.runtime.journal.receipts.receipts(run_id)] == ["failed", "failed"]
 
 
 def test_an_unreachable_webhook_fails_without_doubt(client: Client, worker: None) -> None:
     run_id = client.start_run(webhook("http://127.0.0.1:9/nothing-listens-here"), {"ticket": "T-7"})
     run = client.wait(run_id, timeout=60)
     assert run.status == "failed" and run.error["code"] == "delivery_failed"
-    assert client.runtime.journal.receipts(run_id)[0]["status"] == "failed"
+    assert client.runtime.journal.receipts.receipts(run_id)[0]["status"] == "failed"
 
 
 def test_email_is_delivered_once_with_a_message_id_from_the_key(
@@ -146,7 +146,7 @@ def test_email_is_delivered_once_with_a_message_id_from_the_key(
     assert mail.rcpt_tos == ["ada@example.test"] and mail.headers["subject"] == "Ticket T-8"
     assert mail.headers["message-id"] == f"<{key}@pal>" and mail.headers["idempotency-key"] == key
     assert "Your ticket T-8 was answered." in mail.body
-    assert mail_client.runtime.journal.receipts(run_id)[0]["effect_kind"] == "email"
+    assert mail_client.runtime.journal.receipts.receipts(run_id)[0]["effect_kind"] == "email"
 
 
 def test_bad_email_address_fails_the_step_clearly(mail_client: Client, smtp: SmtpReceiver) -> None:

@@ -67,7 +67,7 @@ PLANTS: dict[str, Callable[[sa.Connection, str], None]] = {
 
 def test_a_clean_journal_has_no_violations(client: Client, counter: Path) -> None:
     finished_run(client, counter)
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 @pytest.mark.parametrize("kind", sorted(PLANTS))
@@ -76,7 +76,7 @@ def test_each_planted_violation_is_reported_with_its_run(client: Client, counter
     with client.runtime.journal.engine.begin() as conn:
         drop_guards(conn)
         PLANTS[kind](conn, run_id)
-    found = client.runtime.journal.violations()
+    found = client.runtime.journal.doctor.violations()
     assert kind in {v.kind for v in found}, found
     assert all(v.run_id == run_id for v in found)
 

@@ -94,7 +94,7 @@ def test_a_loopback_webhook_is_refused_without_an_allow_list_and_delivered_with_
     assert run.error["code"] == "egress_refused" and run.error["step_id"] == "notify"
     assert "PAL_EGRESS_ALLOW" in run.error["message"] and "nothing was sent" in run.error["message"]
     assert receiver.requests == []
-    assert guarded.runtime.journal.receipts(run_id) == []  # nothing claimed
+    assert guarded.runtime.journal.receipts.receipts(run_id) == []  # nothing claimed
     assert notify_events(guarded, run_id) == ["step_started", "step_failed"]  # not retried, not in doubt
 
     for allow, delivered in ((f"127.0.0.1:{receiver.port + 1}", False), (f"127.0.0.1:{receiver.port}", True)):
@@ -124,7 +124,7 @@ def test_no_spelling_of_loopback_gets_through(guarded: Client, spelling: str) ->
     run = guarded.get_run(run_id)
     assert run.status == "failed" and run.error["code"] == "egress_refused", run.error
     assert counter.accepted == 0  # not even a TCP connection
-    assert guarded.runtime.journal.receipts(run_id) == []
+    assert guarded.runtime.journal.receipts.receipts(run_id) == []
 
 
 def test_the_refusal_reads_the_same_for_an_open_and_a_closed_port(
@@ -321,7 +321,7 @@ def test_a_rendered_request_that_cannot_be_sent_fails_before_anything_is_claimed
     run = client.get_run(run_id)
     assert run.status == "failed" and run.error["code"] == "delivery_failed", run.error
     assert fragment in run.error["message"]
-    assert receiver.requests == [] and client.runtime.journal.receipts(run_id) == []
+    assert receiver.requests == [] and client.runtime.journal.receipts.receipts(run_id) == []
 
 
 def test_a_local_http_error_after_the_claim_is_a_definite_failure_not_in_doubt(
@@ -334,7 +334,7 @@ def test_a_local_http_error_after_the_claim_is_a_definite_failure_not_in_doubt(
     run = client.get_run(run_id)
     assert run.status == "failed" and run.error["code"] == "delivery_failed", run.error
     assert "refused before sending" in run.error["message"]
-    assert [r["status"] for r in client.runtime.journal.receipts(run_id)] == ["failed"]
+    assert [r["status"] for r in client.runtime.journal.receipts.receipts(run_id)] == ["failed"]
     assert "step_in_doubt" not in notify_events(client, run_id)
     assert receiver.requests == []
 
@@ -354,7 +354,7 @@ def test_one_to_item_cannot_add_a_recipient(mail_client: Client, smtp: SmtpRecei
     drain(mail_client, sent)
     run = mail_client.get_run(run_id)
     assert run.status == "failed" and "not e-mail addresses" in run.error["message"], run.error
-    assert smtp.messages == [] and mail_client.runtime.journal.receipts(run_id) == []
+    assert smtp.messages == [] and mail_client.runtime.journal.receipts.receipts(run_id) == []
 
 
 def test_each_to_item_is_one_recipient(mail_client: Client, smtp: SmtpReceiver) -> None:
@@ -374,7 +374,7 @@ def test_a_subject_cannot_inject_a_header(mail_client: Client, smtp: SmtpReceive
     drain(mail_client, sent)
     run = mail_client.get_run(run_id)
     assert run.status == "failed" and "cannot form the message" in run.error["message"], run.error
-    assert smtp.messages == [] and mail_client.runtime.journal.receipts(run_id) == []
+    assert smtp.messages == [] and mail_client.runtime.journal.receipts.receipts(run_id) == []
 
 
 # An address literal names the host the SMTP server delivers to: the graph would choose it.
@@ -404,5 +404,5 @@ def test_an_address_literal_rendered_by_a_template_is_never_sent_to(mail_client:
     run = mail_client.get_run(run_id)
     assert run.status == "failed" and "names a host by IP address" in run.error["message"], run.error
     assert "nothing was sent" in run.error["message"]
-    assert smtp.messages == [] and mail_client.runtime.journal.receipts(run_id) == []
+    assert smtp.messages == [] and mail_client.runtime.journal.receipts.receipts(run_id) == []
 

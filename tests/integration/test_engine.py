@@ -82,7 +82,7 @@ def test_failing_tool_fails_the_run_with_its_error(client: Client) -> None:
     assert run.error["traceback"] == error["traceback"]
     assert terminal_events(events) == ["run_failed"]
     assert "out" not in {e.step_id for e in events}
-    assert client.runtime.journal.get_lease(run_id) is None
+    assert client.runtime.journal.runs.get_lease(run_id) is None
 
 
 def test_non_json_output_fails_the_step_clearly(client: Client) -> None:

@@ -3,7 +3,7 @@
 Such a completion writes nothing but its `step_completed` unless the run must park (a step of it
 waits and nothing else is in flight). So on Postgres it is one call of `pal_complete`
 when the process's step log shows no parked step that a decision has not ended, and a
-transaction asks the journal for waiting steps only when the run's whole log shows one (docs/architecture.md, "The step protocol"). Two
+transaction asks the journal for waiting steps only when the run's whole log shows one (docs/architecture.md, "The life of one step"). Two
 Clients on one database stand for two worker processes, as in test_one_call_steps.py; the tests
 that count calls are Postgres only, the others run on both backends.
 """

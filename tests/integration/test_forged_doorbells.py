@@ -51,7 +51,7 @@ def parked_on_approval(client: Client, counter: Path) -> tuple[str, int]:
 
 
 def journal_of(client: Client, run_id: str) -> list[tuple[str, str | None]]:
-    return [(e.kind, e.step_id) for e in client.runtime.journal.events(run_id)]
+    return [(e.kind, e.step_id) for e in client.runtime.journal.runs.events(run_id)]
 
 
 def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> None:
@@ -94,7 +94,7 @@ def test_forged_messages_through_celery_never_pass_an_approval(postgres_backend:
         assert journal_of(client, run_id) == before  # nothing was written
         assert client.get_run(run_id).status == "waiting"
         assert [a.step_id for a in client.pending_approvals(run_id)] == ["gate"]
-        assert client.runtime.journal.violations() == []
+        assert client.runtime.journal.doctor.violations() == []
         sent = capture(client)
         client.approve(run_id, "gate")  # the genuine path still works
         while sent:
@@ -128,7 +128,7 @@ def test_a_step_off_the_frontier_is_refused_without_failing_the_run(
         execute_step(client.runtime, *sent.pop(0))
     assert client.get_run(run_id).status == "succeeded"
     assert calls(counter) == ["s0", "s1", "s2"]
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 _STEP_NAMES = st.one_of(
@@ -165,11 +165,11 @@ def test_doctor_reports_a_step_completed_behind_an_undecided_approval(
     client = Client(postgres_backend.settings)
     try:
         run_id, _ = parked_on_approval(client, counter)
-        assert client.runtime.journal.violations() == []
+        assert client.runtime.journal.doctor.violations() == []
         with client.runtime.journal.engine.begin() as conn:  # what a forged message used to leave
             conn.execute(event(run_id, "step_started", "pay", 1, {"attempt": 1}))
             conn.execute(event(run_id, "step_completed", "pay", 1, {"output": {"value": "paid"}}))
-        found = [v for v in client.runtime.journal.violations() if v.kind == "completed_out_of_order"]
+        found = [v for v in client.runtime.journal.doctor.violations() if v.kind == "completed_out_of_order"]
         assert [(v.run_id, v.step_id) for v in found] == [(run_id, "pay")]
         assert "approval gate was undecided" in found[0].detail
     finally:
@@ -182,5 +182,5 @@ def test_doctor_reports_a_step_completed_out_of_the_graphs_order(
     with client.runtime.journal.engine.begin() as conn:
         conn.execute(event(run_id, "step_started", "s2", 1, {"attempt": 1}))
         conn.execute(event(run_id, "step_completed", "s2", 1, {"output": 1}))
-    found = [v for v in client.runtime.journal.violations() if v.kind == "completed_out_of_order"]
+    found = [v for v in client.runtime.journal.doctor.violations() if v.kind == "completed_out_of_order"]
     assert [(v.run_id, v.step_id) for v in found] == [(run_id, "s2")]

@@ -50,7 +50,7 @@ def test_pal_runs_as_a_least_privileged_role(postgres_backend: Backend, app_role
             client.approve(gated, "gate")
             assert client.wait(gated, timeout=60).status == "succeeded"
         assert "pay" in calls(counter)
-        assert client.runtime.journal.violations() == []
+        assert client.runtime.journal.doctor.violations() == []
     finally:
         client.close()
     engine = create_engine(as_role)

@@ -49,7 +49,7 @@ def test_a_failed_run_retried_reuses_its_completed_steps_and_succeeds(client: Cl
     assert calls(ledger) == ["a", "b"] and calls(flaky) == ["f", "f"]  # a ran once, in the source
     assert client.events(source) == before and client.get_run(source).status == "failed"
     assert client.derived_runs(source) == [{"run_id": retried, "kind": "retry", "status": "succeeded"}]
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 def test_a_fork_reruns_its_step_and_what_follows_on_the_new_input(client: Client, tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ def test_a_fork_reruns_its_step_and_what_follows_on_the_new_input(client: Client
     assert calls(flaky) == ["f"]
     same_input = client.fork_run(source, "a")  # the source's input
     assert client.wait(same_input, timeout=60).output == 3 and calls(ledger)[3:] == ["a", "b"]
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 def test_a_fork_after_a_loop_reuses_every_iteration(client: Client, tmp_path: Path) -> None:
@@ -76,7 +76,7 @@ def test_a_fork_after_a_loop_reuses_every_iteration(client: Client, tmp_path: Pa
     assert calls(ledger) == ["item-0", "item-1"]
     again = client.fork_run(source, "each", {"items": [5]})  # the loop node: all its iterations again
     assert client.wait(again, timeout=60).status == "succeeded" and calls(ledger)[2:] == ["item-0"]
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 def test_a_decided_approval_is_reused_not_asked_again(client: Client, tmp_path: Path) -> None:
@@ -94,7 +94,7 @@ def test_a_decided_approval_is_reused_not_asked_again(client: Client, tmp_path: 
     assert client.wait(forked, timeout=60).status == "succeeded"
     assert "gate" in reused(client.events(forked)) and calls(ledger) == ["pay", "pay"]
     assert not any(e.kind == "step_waiting" for e in client.events(forked))
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 def _wait_parked(client: Client, run_id: str) -> None:
@@ -170,7 +170,7 @@ def test_a_run_failed_on_a_graph_bug_retries_with_the_fixed_graph(client: Client
     # The same request again is the same run; the source's own graph under that id is other work.
     assert client.retry_run(source, graph=fixed, new_run_id="fixed-1") == "fixed-1"
     assert client.retry_run(source, graph=fixed, new_run_id="fixed-1") == "fixed-1"
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 def test_a_fixed_graph_that_changes_a_completed_node_is_refused_naming_it(client: Client, tmp_path: Path) -> None:

@@ -27,14 +27,14 @@ def vm_client(client: Client) -> tuple[Client, list[str]]:
 
 
 def take(client: Client, vm_id: str, token: str) -> None:
-    assert client.runtime.journal.take_vm(vm_id=vm_id, host="h", token_hash=token_hash(token), now=utcnow())
+    assert client.runtime.journal.vms.take_vm(vm_id=vm_id, host="h", token_hash=token_hash(token), now=utcnow())
 
 
 def test_a_microvm_run_gets_one_first_vm(vm_client: tuple[Client, list[str]]) -> None:
     client, spawned = vm_client
     run_id = client.start_run(DOCUMENT, {}, run_id="vm-run-1")
     client.start_run(DOCUMENT, {}, run_id="vm-run-1")  # a repeated start
-    [vm] = client.runtime.journal.vms(run_id)
+    [vm] = client.runtime.journal.vms.vms(run_id)
     assert spawned == [vm.id] and (vm.attempt, vm.state) == (1, "pending")
     assert client.get_run(run_id).kind == "microvm"
 
@@ -54,33 +54,33 @@ def test_resume_respawns_until_the_third_vm_then_exhausts(vm_client: tuple[Clien
     run_id = client.start_run(DOCUMENT, {})
     stale = 2 * client.settings.lease_ttl
     for attempt in (2, 3):
-        action, order = journal.resume_microvm_run(run_id=run_id, now=utcnow() + timedelta(minutes=10 * attempt),
-                                                   stale_after=stale, boot_lease=stale)
+        action, order = journal.vms.resume_microvm_run(run_id=run_id, now=utcnow() + timedelta(minutes=10 * attempt),
+                                                       stale_after=stale, boot_lease=stale)
         assert (str(action), order.attempt if order else None) == ("respawn", attempt)
         assert order is not None and order.resume
-    action, order = journal.resume_microvm_run(run_id=run_id, now=utcnow() + timedelta(hours=1),
-                                               stale_after=stale, boot_lease=stale)
+    action, order = journal.vms.resume_microvm_run(run_id=run_id, now=utcnow() + timedelta(hours=1),
+                                                   stale_after=stale, boot_lease=stale)
     assert (str(action), order) == ("exhausted", None)
     run = client.get_run(run_id)
     assert run.status == "failed" and run.error["code"] == "microvm_resume_exhausted"
     assert run.error["attempts"] == 3
-    states = [v.state for v in journal.vms(run_id)]
+    states = [v.state for v in journal.vms.vms(run_id)]
     assert states == ["terminated", "terminated", "terminated"]  # each reconciled: no heartbeat
     assert [e.kind for e in client.events(run_id)].count("run_failed") == 1
-    assert journal.violations() == []
+    assert journal.doctor.violations() == []
 
 
 def test_a_run_with_a_live_vm_is_skipped(vm_client: tuple[Client, list[str]]) -> None:
     client, _ = vm_client
     journal = client.runtime.journal
     run_id = client.start_run(DOCUMENT, {})
-    [vm] = journal.vms(run_id)
+    [vm] = journal.vms.vms(run_id)
     take(client, vm.id, "tok-live")
     report(client.runtime, "tok-live", {"type": "heartbeat"})  # alive just now
     # The lease has lapsed, but the VM's heartbeat is recent: the VM manages itself.
-    action, order = journal.resume_microvm_run(run_id=run_id, now=utcnow() + timedelta(seconds=61),
-                                               stale_after=3600, boot_lease=60)
-    assert (str(action), order) == ("skip", None) and len(journal.vms(run_id)) == 1
+    action, order = journal.vms.resume_microvm_run(run_id=run_id, now=utcnow() + timedelta(seconds=61),
+                                                   stale_after=3600, boot_lease=60)
+    assert (str(action), order) == ("skip", None) and len(journal.vms.vms(run_id)) == 1
 
 
 def test_racing_sweepers_add_one_vm(vm_client: tuple[Client, list[str]]) -> None:
@@ -92,8 +92,8 @@ def test_racing_sweepers_add_one_vm(vm_client: tuple[Client, list[str]]) -> None
 
     def sweep() -> None:
         barrier.wait()
-        action, _ = journal.resume_microvm_run(run_id=run_id, now=utcnow() + timedelta(hours=1),
-                                               stale_after=60, boot_lease=600)
+        action, _ = journal.vms.resume_microvm_run(run_id=run_id, now=utcnow() + timedelta(hours=1),
+                                                   stale_after=60, boot_lease=600)
         results.append(str(action))
 
     threads = [threading.Thread(target=sweep) for _ in range(4)]
@@ -102,13 +102,13 @@ def test_racing_sweepers_add_one_vm(vm_client: tuple[Client, list[str]]) -> None
     for t in threads:
         t.join(timeout=30)
     assert sorted(results) == ["respawn", "skip", "skip", "skip"]
-    assert [v.attempt for v in journal.vms(run_id)] == [1, 2]
+    assert [v.attempt for v in journal.vms.vms(run_id)] == [1, 2]
 
 
 def test_reports_step_through_the_fenced_journal(vm_client: tuple[Client, list[str]]) -> None:
     client, _ = vm_client
     run_id = client.start_run(DOCUMENT, {})
-    [vm] = client.runtime.journal.vms(run_id)
+    [vm] = client.runtime.journal.vms.vms(run_id)
     take(client, vm.id, "tok-1")
     rt = client.runtime
     report(rt, "tok-1", {"type": "step", "step_id": "fetch", "event": "started"})
@@ -120,19 +120,19 @@ def test_reports_step_through_the_fenced_journal(vm_client: tuple[Client, list[s
     assert run.status == "succeeded" and run.output == "done"
     with pytest.raises(Refused):
         report(rt, "tok-1", {"type": "heartbeat"})  # a finished VM reports nothing more
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 def test_a_superseded_vms_report_is_refused_and_writes_nothing(vm_client: tuple[Client, list[str]]) -> None:
     client, _ = vm_client
     journal, rt = client.runtime.journal, client.runtime
     run_id = client.start_run(DOCUMENT, {})
-    [first] = journal.vms(run_id)
+    [first] = journal.vms.vms(run_id)
     take(client, first.id, "tok-old")
     report(rt, "tok-old", {"type": "heartbeat"})
     # Its heartbeats stop; the sweep reconciles it and starts attempt 2 under a new generation.
-    _, order = journal.resume_microvm_run(run_id=run_id, now=utcnow() + timedelta(hours=1),
-                                          stale_after=60, boot_lease=600)
+    _, order = journal.vms.resume_microvm_run(run_id=run_id, now=utcnow() + timedelta(hours=1),
+                                              stale_after=60, boot_lease=600)
     assert order is not None
     take(client, order.vm_id, "tok-new")
     before = len(client.events(run_id))
@@ -164,7 +164,7 @@ def test_a_malformed_report_is_refused_and_writes_nothing(vm_client: tuple[Clien
                                                           fragment: str) -> None:
     client, _ = vm_client
     run_id = client.start_run(DOCUMENT, {})
-    [vm] = client.runtime.journal.vms(run_id)
+    [vm] = client.runtime.journal.vms.vms(run_id)
     take(client, vm.id, "tok-m")
     before = len(client.events(run_id))
     with pytest.raises(InputError, match=fragment):

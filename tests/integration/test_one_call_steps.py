@@ -110,12 +110,12 @@ def test_a_completion_fenced_out_mid_step_is_refused(two: tuple[Process, Process
     assert a.deliver(a.outbox.pop(0)) == "completed"
     _, step, generation = a.outbox.pop(0)
     journal = a.client.runtime.journal
-    claim = journal.claim_step(Fence(run_id, generation, "zombie", utcnow(), 30), step)
+    claim = journal.steps.claim_step(Fence(run_id, generation, "zombie", utcnow(), 30), step)
     assert claim.outcome.value == "run" and claim.run is not None
     assert redrive(a.client.runtime, run_id, require_expired=False) is not None
     program = a.client.runtime.program_of(claim.run)
     with pytest.raises(LeaseLost):  # the hand-off (s1) would be a plain dispatch: the one-call path
-        journal.complete_step(Fence(run_id, generation, "zombie", utcnow(), 30), step, claim.attempt, {"label": "late"}, plan=lambda done: program.handoff(done, step))
+        journal.steps.complete_step(Fence(run_id, generation, "zombie", utcnow(), 30), step, claim.attempt, {"label": "late"}, plan=lambda done: program.handoff(done, step))
     assert [e for e in a.client.events(run_id) if e.kind == "step_completed" and e.step_id == step] == []
 
 

@@ -76,8 +76,8 @@ def test_duplicate_claim_of_an_attempt_in_flight_is_refused(
     run_id = client.start_run(linear(counter, 1), {})
     journal = client.runtime.journal
     _, step_id, generation = outbox.pop(0)
-    first = journal.claim_step(Fence(run_id, generation, "w1", utcnow(), 30), step_id)
-    second = journal.claim_step(Fence(run_id, generation, "w2", utcnow(), 30), step_id)
+    first = journal.steps.claim_step(Fence(run_id, generation, "w1", utcnow(), 30), step_id)
+    second = journal.steps.claim_step(Fence(run_id, generation, "w2", utcnow(), 30), step_id)
     assert first.outcome.value == "run"
     assert second.outcome.value == "duplicate"
     started = [e for e in client.events(run_id) if e.kind == "step_started"]
@@ -154,7 +154,7 @@ def test_resume_takes_an_idle_live_lease_but_never_a_busy_one(client: Client, ou
     run_id = client.start_run(linear(counter, 1), {})
     deliver(client, outbox.pop(0))  # the trigger; s0's message is now in the outbox, lease live
     s0 = outbox.pop(0)
-    claim = client.runtime.journal.claim_step(Fence(run_id, s0[2], "busy-worker", utcnow(), 30), "s0")
+    claim = client.runtime.journal.steps.claim_step(Fence(run_id, s0[2], "busy-worker", utcnow(), 30), "s0")
     assert claim.outcome.value == "run"  # s0 is now running under the live lease
     with pytest.raises(ResumeRefused, match="s0 running under busy-worker"):
         resume(client.runtime, run_id)

@@ -76,7 +76,7 @@ def test_an_early_message_during_a_short_backoff_is_put_back_not_run(client: Cli
     assert step == "f" and 7 < countdown <= 8
     assert execute_step(client.runtime, run, step, generation).outcome == "backoff"
     assert sent[-1][1] == "f" and 0 < sent[-1][3] <= 8
-    lease = client.runtime.journal.get_lease(run_id)
+    lease = client.runtime.journal.runs.get_lease(run_id)
     assert lease is not None and (lease.expires_at - utcnow()).total_seconds() > 8  # past the wake-up
     assert calls(counter) == ["f"]
     assert [k for k, _ in kinds(client, run_id)].count("step_started") == 1
@@ -93,7 +93,7 @@ def test_a_long_backoff_waits_in_the_journal_and_the_sweep_wakes_it(client: Clie
     assert sent == []  # nothing waits in the broker
     wake_at = datetime.fromisoformat(next(e.payload["wake_at"] for e in client.events(run_id)
                                           if e.kind == "step_retrying"))
-    lease = client.runtime.journal.get_lease(run_id)
+    lease = client.runtime.journal.runs.get_lease(run_id)
     assert lease is not None and abs((lease.expires_at - wake_at).total_seconds()) < 0.01
     assert sweep(client.runtime, now=wake_at - timedelta(seconds=1)).recovered == {}
     report = sweep(client.runtime, now=wake_at + timedelta(seconds=1))

@@ -36,7 +36,7 @@ def test_sweep_re_drives_an_orphan_once(client: Client, outbox: list[Message], c
     execute_step(client.runtime, *outbox.pop(0))  # the trigger
     execute_step(client.runtime, *outbox.pop(0))  # s0
     outbox.clear()  # the message for s1 is lost
-    lease = client.runtime.journal.get_lease(run_id)
+    lease = client.runtime.journal.runs.get_lease(run_id)
     assert lease is not None
     assert sweep(client.runtime, now=lease.expires_at - timedelta(seconds=1)).found == 0
     after_expiry = lease.expires_at + timedelta(seconds=1)
@@ -44,7 +44,7 @@ def test_sweep_re_drives_an_orphan_once(client: Client, outbox: list[Message], c
     assert report.found == 1
     assert report.recovered[run_id] == Recovery(generation=2, resumed_steps=("s1",))
     assert outbox == [(run_id, "s1", 2)]
-    new_lease = client.runtime.journal.get_lease(run_id)
+    new_lease = client.runtime.journal.runs.get_lease(run_id)
     assert new_lease is not None and new_lease.generation == 2
     assert new_lease.expires_at == after_expiry + timedelta(seconds=RECOVERY_LEASE_SECONDS)
     # An overlapping pass at the same moment finds the fresh lease and does nothing.
@@ -92,10 +92,10 @@ def test_resume_refuses_a_busy_live_lease_and_a_finished_run(client: Client, out
                                                              counter: Path) -> None:
     run_id = client.start_run(linear(counter, 1), {})
     # A worker is running the trigger under the live lease.
-    client.runtime.journal.claim_step(Fence(run_id, 1, "w1", utcnow(), 30), "start")
+    client.runtime.journal.steps.claim_step(Fence(run_id, 1, "w1", utcnow(), 30), "start")
     with pytest.raises(ResumeRefused, match="its lease is live"):
         resume(client.runtime, run_id)
-    lease = client.runtime.journal.get_lease(run_id)
+    lease = client.runtime.journal.runs.get_lease(run_id)
     assert lease is not None
     recovery = resume(client.runtime, run_id, now=lease.expires_at + timedelta(seconds=1))
     assert recovery.resumed_steps == ("start",)
@@ -115,7 +115,7 @@ def test_zombie_worker_is_fenced_out(client: Client, outbox: list[Message], coun
     execute_step(client.runtime, *outbox.pop(0))
     _, step, old_generation = outbox.pop(0)
     journal = client.runtime.journal
-    claim = journal.claim_step(Fence(run_id, old_generation, "zombie", utcnow(), 30), step)
+    claim = journal.steps.claim_step(Fence(run_id, old_generation, "zombie", utcnow(), 30), step)
     assert claim.outcome.value == "run"
     stolen = redrive(client.runtime, run_id, require_expired=False)
     assert stolen is not None
@@ -123,8 +123,8 @@ def test_zombie_worker_is_fenced_out(client: Client, outbox: list[Message], coun
     from pal.errors import LeaseLost
 
     with pytest.raises(LeaseLost):
-        journal.complete_step(Fence(run_id, old_generation, "zombie", utcnow(), 30), step, 1, "late", plan=lambda done: Handoff((), False))
-    assert not journal.fail_step(Fence(run_id, old_generation, "zombie", utcnow(), 30), step, 1, {"type": "X", "message": "late"})
+        journal.steps.complete_step(Fence(run_id, old_generation, "zombie", utcnow(), 30), step, 1, "late", plan=lambda done: Handoff((), False))
+    assert not journal.steps.fail_step(Fence(run_id, old_generation, "zombie", utcnow(), 30), step, 1, {"type": "X", "message": "late"})
     while outbox:
         execute_step(client.runtime, *outbox.pop(0))
     completed = [e for e in client.events(run_id) if e.kind == "step_completed" and e.step_id == step]
@@ -146,12 +146,12 @@ def test_orphan_query_uses_the_in_flight_index(postgres_backend: Backend) -> Non
             " FROM generate_series(1, 5) g"))
         conn.execute(sa.text("ANALYZE runs"))
         conn.execute(sa.text("ANALYZE run_locks"))
-    query = client.runtime.journal.orphan_query(now=utcnow(), limit=20)
+    query = client.runtime.journal.recovery.orphan_query(now=utcnow(), limit=20)
     compiled = query.compile(engine, compile_kwargs={"literal_binds": True})
     with engine.connect() as conn:
         plan = "\n".join(conn.execute(sa.text(f"EXPLAIN {compiled}")).scalars())
     assert "ix_runs_in_flight" in plan, plan
-    assert len(client.runtime.journal.orphaned_runs(now=utcnow(), limit=20)) == 5
+    assert len(client.runtime.journal.recovery.orphaned_runs(now=utcnow(), limit=20)) == 5
     client.close()
 
 
@@ -163,7 +163,7 @@ def test_unclaimed_recovery_is_sent_again_with_doubling_waits(client: Client, ou
     run_id = client.start_run(linear(counter, 2), {})
     execute_step(client.runtime, *outbox.pop(0))  # the trigger
     outbox.clear()  # the message for s0 is lost
-    lease = client.runtime.journal.get_lease(run_id)
+    lease = client.runtime.journal.runs.get_lease(run_id)
     assert lease is not None
     stolen_at = lease.expires_at + timedelta(seconds=1)
     assert sweep(client.runtime, now=stolen_at).recovered[run_id].generation == 2
@@ -193,11 +193,11 @@ def test_unclaimed_recovery_is_sent_again_with_doubling_waits(client: Client, ou
 def test_a_claimed_recovery_is_not_sent_again(client: Client, outbox: list[Message], counter: Path) -> None:
     run_id = client.start_run(linear(counter, 2), {})
     outbox.clear()  # the trigger's message is lost
-    lease = client.runtime.journal.get_lease(run_id)
+    lease = client.runtime.journal.runs.get_lease(run_id)
     assert lease is not None
     stolen_at = lease.expires_at + timedelta(seconds=1)
     sweep(client.runtime, now=stolen_at)
-    claim = client.runtime.journal.claim_step(Fence(run_id, 2, "w1", stolen_at, RECOVERY_LEASE_SECONDS), "start")
+    claim = client.runtime.journal.steps.claim_step(Fence(run_id, 2, "w1", stolen_at, RECOVERY_LEASE_SECONDS), "start")
     assert claim.outcome.value == "run"
     later = stolen_at + timedelta(seconds=RECOVERY_LEASE_SECONDS - 1)
     assert sweep(client.runtime, now=later).redelivered == {}
@@ -215,7 +215,7 @@ def test_a_step_that_outlives_its_lease_keeps_it_renewed(backend: Backend) -> No
     step.start()
     expiries = set()
     while step.is_alive():
-        lease = client.runtime.journal.get_lease(run_id)
+        lease = client.runtime.journal.runs.get_lease(run_id)
         assert lease is not None
         expiries.add(lease.expires_at)
         assert sweep(client.runtime).found == 0
@@ -238,17 +238,17 @@ def test_a_run_that_finished_after_the_sweep_read_it_gets_no_lease_back(
     while outbox:
         execute_step(client.runtime, *outbox.pop(0))
     journal = client.runtime.journal
-    finished = journal.get_run(run_id)
+    finished = journal.runs.get_run(run_id)
     assert finished.status == "succeeded"
     stale = dataclasses.replace(finished, status="running")  # what the sweep saw a moment earlier
-    journal._run = lambda _conn, _run_id: stale  # type: ignore[method-assign,assignment]
+    journal.recovery._run = lambda _conn, _run_id: stale  # type: ignore[method-assign,assignment]
     assert redrive(client.runtime, run_id, require_expired=False) is None
-    del journal._run
+    del journal.recovery._run
     with journal.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(run_locks)
                             .where(run_locks.c.run_id == run_id)).scalar() == 0
     assert "run_recovered" not in [e.kind for e in client.events(run_id)]
-    assert journal.violations() == []
+    assert journal.doctor.violations() == []
 
 
 def test_a_pass_publishes_every_re_driven_message_through_the_real_broker(backend: Backend,
@@ -260,7 +260,7 @@ def test_a_pass_publishes_every_re_driven_message_through_the_real_broker(backen
     client = Client(backend.settings)
     try:
         run_ids = [client.start_run(linear(counter, 1), {"n": n}) for n in range(3)]
-        lease = client.runtime.journal.get_lease(run_ids[-1])
+        lease = client.runtime.journal.runs.get_lease(run_ids[-1])
         assert lease is not None
         report = sweep(client.runtime, now=lease.expires_at + timedelta(seconds=1))
         assert sorted(report.recovered) == sorted(run_ids)
@@ -315,7 +315,7 @@ def test_a_pass_re_drives_all_its_orphans_in_one_transaction(client: Client, out
     while outbox:
         execute_step(client.runtime, *outbox.pop(0))
     assert {client.get_run(r).status for r in one + five} == {"succeeded"}
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 def test_an_orphan_whose_plan_cannot_be_made_does_not_hold_up_the_others(
@@ -328,7 +328,7 @@ def test_an_orphan_whose_plan_cannot_be_made_does_not_hold_up_the_others(
     later = utcnow() + timedelta(seconds=client.runtime.settings.lease_ttl + 1)
     report = sweep(client.runtime, now=later)
     assert sorted(report.recovered) == sorted(r for r in run_ids if r != poisoned)
-    lease = client.runtime.journal.get_lease(poisoned)
+    lease = client.runtime.journal.runs.get_lease(poisoned)
     assert lease is not None and lease.generation == 1  # untouched: the next pass tries again
     assert "run_recovered" not in [e.kind for e in client.events(poisoned)]
 
@@ -353,12 +353,12 @@ def test_a_batch_gives_no_lease_back_to_a_run_that_finished_after_it_was_read(
     sa.event.listen(journal.engine, "before_cursor_execute", finish_first)
     later = utcnow() + timedelta(seconds=client.runtime.settings.lease_ttl + 1)
     try:
-        recoveries = journal.recover_orphans(run_ids=run_ids, worker_id="recovery:test", now=later,
-                                             lease_ttl=RECOVERY_LEASE_SECONDS,
-                                             plan=lambda run, done: ("start",), redeliver_after=60)
+        recoveries = journal.recovery.recover_orphans(run_ids=run_ids, worker_id="recovery:test", now=later,
+                                                      lease_ttl=RECOVERY_LEASE_SECONDS,
+                                                      plan=lambda run, done: ("start",), redeliver_after=60)
     finally:
         sa.event.remove(journal.engine, "before_cursor_execute", finish_first)
     assert finished == [finishing]
     assert list(recoveries) == [run_ids[1]]
-    assert journal.get_lease(finishing) is None
+    assert journal.runs.get_lease(finishing) is None
     assert "run_recovered" not in [e.kind for e in client.events(finishing)]

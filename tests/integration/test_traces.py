@@ -116,7 +116,7 @@ def test_the_first_trace_links_to_the_callers_traceparent_and_a_bad_one_is_ignor
         ignored = client.start_run(linear(tmp_path / "c", 1), {}, traceparent="00-" + "0" * 32 + "-00f067aa0ba902b7-01")
         client.app.send_task("pal.start_run", args=[linear(tmp_path / "c", 1)], kwargs={"run_id": "by-celery"},
                              queue=client.runtime.settings.queue, headers={"traceparent": TRACEPARENT})
-        assert wait_until(lambda: client.runtime.journal.run_exists("by-celery"), timeout=30)
+        assert wait_until(lambda: client.runtime.journal.runs.run_exists("by-celery"), timeout=30)
         for run_id in (linked, ignored, "by-celery"):
             assert client.wait(run_id, timeout=30).status == "succeeded"
         assert wait_until(lambda: all(roots(exporter.get_finished_spans(), r) for r in (linked, ignored, "by-celery")),
@@ -166,8 +166,8 @@ def test_the_isolated_tiers_reported_steps_share_their_vms_generation_trace(clie
     exporter = traced(client)
     client.runtime.publish_vm = lambda vm_id: None  # no VM host here: the reports are made by hand
     run_id = client.start_run({"kind": "microvm", "command": ["python3", "agent.py"], "workdir": "w"}, {})
-    [vm] = client.runtime.journal.vms(run_id)
-    assert client.runtime.journal.take_vm(vm_id=vm.id, host="h", token_hash=token_hash("tok"), now=utcnow())
+    [vm] = client.runtime.journal.vms.vms(run_id)
+    assert client.runtime.journal.vms.take_vm(vm_id=vm.id, host="h", token_hash=token_hash("tok"), now=utcnow())
     for body in ({"type": "step", "step_id": "fetch", "event": "started"},
                  {"type": "step", "step_id": "fetch", "event": "completed", "output": 1},
                  {"type": "step", "step_id": "fetch", "event": "completed", "output": 2},  # repeated: no span

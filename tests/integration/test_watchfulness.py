@@ -52,7 +52,7 @@ def test_a_loop_near_its_cap_journals_runaway_loop_once(client: Client, outbox: 
     [event] = kinds(client, run_id, "anomaly_detected")
     assert event.payload["observed"] == 8 and event.payload["limit"] == 8.0 and event.payload["basis"] == "static"
     assert [a["kind"] for a in client.anomalies(run_id)] == ["runaway_loop"]
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 def test_a_loop_well_under_its_cap_journals_nothing(client: Client, outbox: Outbox, counter: Path) -> None:
@@ -75,7 +75,7 @@ def test_a_budget_in_fail_stops_the_run_before_the_step_past_it(client: Client, 
     [failed] = kinds(client, run_id, "step_failed")
     assert lines(counter) == 2  # trigger + two counted nodes ran; the fourth step's node never did
     assert failed.step_id not in {e.step_id for e in kinds(client, run_id, "step_completed")}
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 def test_a_token_budget_counts_what_model_steps_spent(client: Client, outbox: Outbox) -> None:
@@ -139,7 +139,7 @@ def test_an_anomaly_is_journaled_once_whoever_reports_it_again(client: Client, o
         execute_step(client.runtime, *outbox.pop(0))
         if anomalies_of(client, run_id):
             break
-    lease = client.runtime.journal.get_lease(run_id)
+    lease = client.runtime.journal.runs.get_lease(run_id)
     assert lease is not None and client.get_run(run_id).status == "running"
     # Another process (no cache of what was journaled) reports it again, as a re-drive after a
     # crash would: the database refuses the second row, and no second event is appended.
@@ -152,7 +152,7 @@ def test_an_anomaly_is_journaled_once_whoever_reports_it_again(client: Client, o
     assert anomalies_of(client, run_id) == [("runaway_loop", "each"), ("retry_storm", None)]
     drain(client, outbox)
     assert anomalies_of(client, run_id) == [("runaway_loop", "each"), ("retry_storm", None)]
-    assert client.runtime.journal.violations() == []
+    assert client.runtime.journal.doctor.violations() == []
 
 
 def test_pal_anomalies_lists_them(postgres_backend: Backend, counter: Path, tmp_path: Path) -> None:
@@ -200,9 +200,9 @@ def test_a_step_far_above_its_nodes_baseline_is_a_token_spike(client: Client, ou
     usual = [client.start_run(graph, {"text": f"short question {i}"}) for i in range(MIN_BASELINE_SAMPLES)]
     drain(client, outbox)
     # tokens and cost of `ask`, the retries of `t` and `ask`, and the graph's steps per run
-    assert client.runtime.journal.recompute_baselines(now=datetime.now(UTC)) == 5
+    assert client.runtime.journal.baselines.recompute_baselines(now=datetime.now(UTC)) == 5
     graph_hash = client.get_run(usual[0]).graph_hash or ""
-    assert set(client.runtime.journal.baselines(client.settings.tenant, graph_hash)) == {
+    assert set(client.runtime.journal.baselines.baselines(client.settings.tenant, graph_hash)) == {
         ("ask", "tokens"), ("ask", "cost_usd"), ("t", "retries"), ("ask", "retries"), ("*", "steps")}
     assert all(anomalies_of(client, run_id) == [] for run_id in usual)
     worker = Client(client.settings)  # a worker process started after the beat task's pass
@@ -235,18 +235,18 @@ def test_each_tenant_is_judged_by_its_own_baselines(client: Client, outbox: Outb
         return run_ids
 
     acme_usual = run_as("acme", *(f"short question {i}" for i in range(MIN_BASELINE_SAMPLES)))
-    assert journal.recompute_baselines(now=datetime.now(UTC)) == 5
+    assert journal.baselines.recompute_baselines(now=datetime.now(UTC)) == 5
     graph_hash = client.get_run(acme_usual[0]).graph_hash or ""
-    acme_alone = journal.baselines("acme", graph_hash)
+    acme_alone = journal.baselines.baselines("acme", graph_hash)
     assert len(acme_alone[("ask", "tokens")]) == MIN_BASELINE_SAMPLES
-    assert journal.baselines("globex", graph_hash) == {}
+    assert journal.baselines.baselines("globex", graph_hash) == {}
     [globex_first] = run_as("globex", long_text)
     assert anomalies_of(client, globex_first) == []  # acme's usual is not globex's
 
     run_as("globex", *[long_text] * MIN_BASELINE_SAMPLES)
-    assert journal.recompute_baselines(now=datetime.now(UTC)) == 10
-    assert journal.baselines("acme", graph_hash) == acme_alone  # globex's usage moved nothing of acme's
-    globex = journal.baselines("globex", graph_hash)
+    assert journal.baselines.recompute_baselines(now=datetime.now(UTC)) == 10
+    assert journal.baselines.baselines("acme", graph_hash) == acme_alone  # globex's usage moved nothing of acme's
+    globex = journal.baselines.baselines("globex", graph_hash)
     assert len(globex[("ask", "tokens")]) == MIN_BASELINE_SAMPLES + 1
     assert min(globex[("ask", "tokens")]) > max(acme_alone[("ask", "tokens")])
     [acme_spike] = run_as("acme", long_text)
@@ -260,7 +260,7 @@ def test_no_baseline_before_enough_samples(client: Client, outbox: Outbox) -> No
     for i in range(MIN_BASELINE_SAMPLES - 1):
         client.start_run(graph, {"text": f"short question {i}"})
     drain(client, outbox)
-    client.runtime.journal.recompute_baselines(now=datetime.now(UTC))
+    client.runtime.journal.baselines.recompute_baselines(now=datetime.now(UTC))
     worker = Client(client.settings)
     sent = capture_publishes(worker)
     spiking = worker.start_run(graph, {"text": " ".join(["word"] * 400)})
@@ -285,7 +285,7 @@ def test_a_run_far_past_its_graphs_usual_step_count_is_excessive_steps(client: C
     for _ in range(MIN_BASELINE_SAMPLES):
         client.start_run(graph, {"items": [1, 2]})
     drain(client, outbox)
-    client.runtime.journal.recompute_baselines(now=datetime.now(UTC))
+    client.runtime.journal.baselines.recompute_baselines(now=datetime.now(UTC))
     worker = Client(client.settings)  # a worker process started after the beat task's pass
     sent = capture_publishes(worker)
     long_run = worker.start_run(graph, {"items": list(range(20))})
@@ -313,7 +313,7 @@ def test_a_node_retrying_far_above_its_usual_is_a_retry_storm(client: Client, ou
     for i in range(MIN_BASELINE_SAMPLES):
         client.start_run(graph, {"label": f"calm-{i}", "failures": 0})
     drain(client, outbox)
-    client.runtime.journal.recompute_baselines(now=datetime.now(UTC))
+    client.runtime.journal.baselines.recompute_baselines(now=datetime.now(UTC))
     worker = Client(client.settings)  # a worker process started after the beat task's pass
     sent = capture_publishes(worker)
     stormy = worker.start_run(graph, {"label": "stormy", "failures": 4})
@@ -338,7 +338,7 @@ def test_a_loops_iterations_share_their_body_nodes_baseline(client: Client, outb
     for i in range(MIN_BASELINE_SAMPLES // 2):
         client.start_run(graph, {"items": [f"short one {i}", f"short two {i}"]})
     drain(client, outbox)
-    client.runtime.journal.recompute_baselines(now=datetime.now(UTC))
+    client.runtime.journal.baselines.recompute_baselines(now=datetime.now(UTC))
     worker = Client(client.settings)
     sent = capture_publishes(worker)
     spiking = worker.start_run(graph, {"items": ["short again", " ".join(["word"] * 400)]})

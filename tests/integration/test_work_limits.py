@@ -31,8 +31,8 @@ def test_a_run_stops_at_its_step_limit(client: Client, counter: Path) -> None:
     assert client.get_run(run_id).status == "failed"
     assert error_of(client, run_id)["code"] == "work_limit_exceeded"
     assert "PAL_MAX_STEPS_PER_RUN" in error_of(client, run_id)["message"]
-    assert len([e for e in client.runtime.journal.events(run_id) if e.kind == "step_completed"]) == 4
-    assert client.runtime.journal.violations() == []
+    assert len([e for e in client.runtime.journal.runs.events(run_id) if e.kind == "step_completed"]) == 4
+    assert client.runtime.journal.doctor.violations() == []
 
 
 def test_a_loop_cannot_outrun_the_step_limit(client: Client, counter: Path) -> None:
@@ -59,10 +59,10 @@ def test_subagents_nest_no_deeper_than_the_limit(client: Client) -> None:
     too_deep = client.start_run(_nested(3, leaf), {})
     drain(client, sent)
     assert client.get_run(too_deep).status == "failed"
-    grandchild = client.runtime.journal.children(client.runtime.journal.children(too_deep)[0].id)[0]
+    grandchild = client.runtime.journal.runs.children(client.runtime.journal.runs.children(too_deep)[0].id)[0]
     assert error_of(client, grandchild.id)["code"] == "work_limit_exceeded"
     assert "PAL_MAX_RUN_DEPTH" in error_of(client, grandchild.id)["message"]
-    assert client.runtime.journal.descendant_count(too_deep) == 2  # the third level was never created
+    assert client.runtime.journal.runs.descendant_count(too_deep) == 2  # the third level was never created
 
 
 def test_one_run_creates_no_more_child_runs_than_the_limit(client: Client) -> None:
@@ -75,16 +75,16 @@ def test_one_run_creates_no_more_child_runs_than_the_limit(client: Client) -> No
     run_id = client.start_run(fan, {})
     drain(client, sent)
     assert client.get_run(run_id).status == "failed"
-    assert len(client.runtime.journal.children(run_id)) == 3
+    assert len(client.runtime.journal.runs.children(run_id)) == 3
     assert error_of(client, run_id)["code"] in ("work_limit_exceeded", "child_run_failed")
 
 
 def test_a_tenant_cannot_exceed_its_runs_in_flight(client: Client, counter: Path) -> None:
     limited(client, max_runs_in_flight=3)
     started = [client.start_run(linear(counter, 1), {}, tenant_id="acme") for _ in range(3)]
-    before = client.runtime.journal.list_runs(tenant_id="acme", limit=100)
+    before = client.runtime.journal.runs.list_runs(tenant_id="acme", limit=100)
     with pytest.raises(QuotaExceeded, match="PAL_MAX_RUNS_IN_FLIGHT"):
         client.start_run(linear(counter, 1), {}, tenant_id="acme")
-    assert client.runtime.journal.list_runs(tenant_id="acme", limit=100) == before  # nothing written
+    assert client.runtime.journal.runs.list_runs(tenant_id="acme", limit=100) == before  # nothing written
     assert client.start_run(linear(counter, 1), {}, tenant_id="globex")  # another tenant is not held up
     assert client.start_run(linear(counter, 1), {}, tenant_id="acme", run_id=started[0]) == started[0]

@@ -174,7 +174,7 @@ def _settle(client: Client, run_ids: list[str]) -> list[str]:
     while pending and time.monotonic() < deadline:
         for run_id in list(pending):
             run = client.get_run(run_id)
-            if run.terminal and all(c.terminal for c in client.runtime.journal.children(run_id)):
+            if run.terminal and all(c.terminal for c in client.runtime.journal.runs.children(run_id)):
                 pending.discard(run_id)
         time.sleep(0.5)
     return sorted(pending)
@@ -194,11 +194,11 @@ def _report(client: Client, run_ids: list[str], model: FakeModelServer, strict: 
         kinds = [e.kind for e in client.events(run_id)]
         report["recoveries"] += kinds.count("run_recovered")
         report["redeliveries"] += kinds.count("run_redelivered")
-        report["children"] += len(client.runtime.journal.children(run_id))
+        report["children"] += len(client.runtime.journal.runs.children(run_id))
         ask, hook, notify = (idempotency_key(run_id, step, 1) for step in ("ask", "hook", "notify"))
         if strict_keys[notify] > 1:  # a receiver that does not de-duplicate got it twice
             report["twice"].append((run_id, "notify", strict_keys[notify]))
-        if effective[hook] > 1 or len(client.runtime.journal.children(run_id)) > 1:
+        if effective[hook] > 1 or len(client.runtime.journal.runs.children(run_id)) > 1:
             report["twice"].append((run_id, "hook/sub", effective[hook]))
         if run.status == "succeeded":
             report["succeeded"] += 1

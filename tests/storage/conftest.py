@@ -23,4 +23,4 @@ def journal(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Journal]
     with context as journal:
         assert (journal.calls is None) == (request.param == "sqlite")
         yield journal
-        assert journal.violations() == []
+        assert journal.doctor.violations() == []

@@ -53,7 +53,7 @@ def postgres_journal(pg_admin: sa.Engine) -> Iterator[Journal]:
 def new_run(journal: Journal, run_id: str = "r1", *, tenant: str = "t1", seconds: float = 0.0,
             parent: tuple[str, str] | None = None, max_in_flight: int | None = None) -> RunRecord:
     """Create a queued run (generation 1, lease until `seconds` + TTL); it must be new."""
-    record, created = journal.create_run(
+    record, created = journal.runs.create_run(
         run_id=run_id, tenant_id=tenant, kind="graph", graph={"nodes": []}, graph_hash=None,
         run_input={"x": 1}, now=at(seconds), lease_ttl=TTL,
         parent_run_id=parent[0] if parent else None, parent_step_id=parent[1] if parent else None,
@@ -82,7 +82,7 @@ def only(*steps: str) -> Frontier:
 
 
 def events(journal: Journal, run_id: str = "r1", kind: str | None = None) -> list[Event]:
-    return [e for e in journal.events(run_id) if kind is None or e.kind == kind]
+    return [e for e in journal.runs.events(run_id) if kind is None or e.kind == kind]
 
 
 def started(journal: Journal, run_id: str = "r1") -> list[tuple[str | None, int | None, int]]:
@@ -101,6 +101,6 @@ def claim_and_complete(journal: Journal, step_id: str, plan: Plan, *, run_id: st
                        generation: int = 1, seconds: float = 0.0) -> Handoff:
     """Claim `step_id` (it must start) and complete it with output {"step": step_id}."""
     f = fence(run_id, generation, seconds=seconds)
-    claim = journal.claim_step(f, step_id)
+    claim = journal.steps.claim_step(f, step_id)
     assert claim.outcome.value == "run", claim
-    return journal.complete_step(f, step_id, claim.attempt, {"step": step_id}, plan=plan)
+    return journal.steps.complete_step(f, step_id, claim.attempt, {"step": step_id}, plan=plan)

@@ -18,8 +18,8 @@ def loop_anomaly(observed: int = 8, step: str | None = "each") -> Anomaly:
 def test_an_anomaly_is_journaled_once_per_run_kind_and_step(journal: Journal) -> None:
     new_run(journal)
     storm = Anomaly(AnomalyKind.RETRY_STORM, 11, 10, "static", None, "a storm")
-    assert journal.record_anomalies(fence(seconds=1), [loop_anomaly(), storm]) == [loop_anomaly(), storm]
-    assert journal.record_anomalies(fence(seconds=2), [loop_anomaly(9), storm]) == []
+    assert journal.anomalies.record_anomalies(fence(seconds=1), [loop_anomaly(), storm]) == [loop_anomaly(), storm]
+    assert journal.anomalies.record_anomalies(fence(seconds=2), [loop_anomaly(9), storm]) == []
     fresh = Journal(journal.engine)  # another process: no memory of what was journaled
     assert fresh.record_anomalies(fence(seconds=3), [loop_anomaly(10), storm]) == []
     other_step = loop_anomaly(step="inner")
@@ -27,28 +27,28 @@ def test_an_anomaly_is_journaled_once_per_run_kind_and_step(journal: Journal) ->
     journaled = events(journal, kind="anomaly_detected")
     assert [(e.step_id, e.payload["kind"], e.payload["observed"]) for e in journaled] == [
         ("each", "runaway_loop", 8), (None, "retry_storm", 11), ("inner", "runaway_loop", 8)]
-    assert journal.violations() == []
+    assert journal.doctor.violations() == []
 
 
 def test_a_fenced_out_worker_journals_nothing(journal: Journal) -> None:
     new_run(journal)
-    assert journal.record_anomalies(fence(generation=2, seconds=1), [loop_anomaly()]) == []
+    assert journal.anomalies.record_anomalies(fence(generation=2, seconds=1), [loop_anomaly()]) == []
     assert events(journal, kind="anomaly_detected") == []
     # ...and did not mark it journaled: the lease's holder still reports it.
-    assert journal.record_anomalies(fence(seconds=2), [loop_anomaly()]) == [loop_anomaly()]
+    assert journal.anomalies.record_anomalies(fence(seconds=2), [loop_anomaly()]) == [loop_anomaly()]
 
 
 def test_anomalies_are_listed_per_run_and_per_tenant_newest_first(journal: Journal) -> None:
     new_run(journal, "r1", tenant="t1")
     new_run(journal, "r2", tenant="t1")
     new_run(journal, "r3", tenant="t2")
-    journal.record_anomalies(fence("r1", seconds=1), [loop_anomaly()])
-    journal.record_anomalies(fence("r2", seconds=2), [loop_anomaly()])
-    journal.record_anomalies(fence("r3", seconds=3), [loop_anomaly()])
-    assert [a["run_id"] for a in journal.anomalies(tenant_id="t1")] == ["r2", "r1"]
-    assert [a["run_id"] for a in journal.anomalies(run_id="r3")] == ["r3"]
-    assert journal.anomalies(tenant_id="t1", since=at(2)) == [journal.anomalies(run_id="r2")[0]]
-    assert journal.anomalies(tenant_id="nobody") == []
+    journal.anomalies.record_anomalies(fence("r1", seconds=1), [loop_anomaly()])
+    journal.anomalies.record_anomalies(fence("r2", seconds=2), [loop_anomaly()])
+    journal.anomalies.record_anomalies(fence("r3", seconds=3), [loop_anomaly()])
+    assert [a["run_id"] for a in journal.anomalies.anomalies(tenant_id="t1")] == ["r2", "r1"]
+    assert [a["run_id"] for a in journal.anomalies.anomalies(run_id="r3")] == ["r3"]
+    assert journal.anomalies.anomalies(tenant_id="t1", since=at(2)) == [journal.anomalies.anomalies(run_id="r2")[0]]
+    assert journal.anomalies.anomalies(tenant_id="nobody") == []
 
 
 def test_racing_reporters_journal_an_anomaly_once(journal: Journal) -> None:

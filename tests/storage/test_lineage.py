@@ -26,11 +26,11 @@ def failed_source(journal: Journal, run_id: str = "r1", tenant: str = "t1") -> N
     new_run(journal, run_id, tenant=tenant)
     kit.claim_and_complete(journal, "a", dispatching("b"), run_id=run_id)
     f = fence(run_id, seconds=1)
-    claim = journal.claim_step(f, "b")
-    journal.complete_step(f, "b", claim.attempt, {"step": "b"}, plan=dispatching("c"),
-                          usage=Usage(10, 5, Decimal("0.01")))
-    claim = journal.claim_step(fence(run_id, seconds=2), "c")
-    assert journal.fail_step(fence(run_id, seconds=2), "c", claim.attempt, {"message": "kaput"})
+    claim = journal.steps.claim_step(f, "b")
+    journal.steps.complete_step(f, "b", claim.attempt, {"step": "b"}, plan=dispatching("c"),
+                                usage=Usage(10, 5, Decimal("0.01")))
+    claim = journal.steps.claim_step(fence(run_id, seconds=2), "c")
+    assert journal.steps.fail_step(fence(run_id, seconds=2), "c", claim.attempt, {"message": "kaput"})
 
 
 def frontier_of(*steps: str) -> Callable[[RunRecord, Mapping[str, Any]], Sequence[str]]:
@@ -43,8 +43,8 @@ def derive(journal: Journal, *, run_id: str = "d1", kind: SourceKind = SourceKin
            frontier: Sequence[str] = ("c",), max_in_flight: int | None = None) -> Derived:
     request = DerivedRequest("r1", run_id, kind, from_step, {"x": 1} if run_input is None else run_input,
                              keep=keep, allowed=allowed, tenant_id=tenant)
-    return journal.create_derived_run(request, frontier=frontier_of(*frontier), now=at(10), lease_ttl=TTL,
-                                      max_in_flight=max_in_flight)
+    return journal.lineage.create_derived_run(request, frontier=frontier_of(*frontier), now=at(10), lease_ttl=TTL,
+                                              max_in_flight=max_in_flight)
 
 
 def test_a_retry_reuses_every_completed_step_marked_with_its_source(journal: Journal) -> None:
@@ -66,20 +66,20 @@ def test_a_retry_reuses_every_completed_step_marked_with_its_source(journal: Jou
         "run_id": "r1", "seq": seq_of["b"], "attempt": 1, "origin_run_id": "r1"}}  # no usage: not spent here
     assert kit.lock_row(journal, "d1") == {"run_id": "d1", "worker_id": LockHolder.QUEUED,
                                            "expires_at": at(10 + TTL), "generation": 1, "redeliver_at": None}
-    assert kit.events(journal) == source_events and journal.get_run("r1").status == RunStatus.FAILED
-    assert journal.derived_runs("r1") == [{"run_id": "d1", "kind": "retry", "status": "queued"}]
-    assert journal.derived_runs("d1") == []
+    assert kit.events(journal) == source_events and journal.runs.get_run("r1").status == RunStatus.FAILED
+    assert journal.lineage.derived_runs("r1") == [{"run_id": "d1", "kind": "retry", "status": "queued"}]
+    assert journal.lineage.derived_runs("d1") == []
 
 
 def test_the_new_run_continues_like_any_run_and_a_retry_of_a_retry_names_the_origin(journal: Journal) -> None:
     failed_source(journal)
     derive(journal)
     kit.claim_and_complete(journal, "c", kit.finishing("done"), run_id="d1", seconds=11)
-    assert journal.get_run("d1").status == RunStatus.SUCCEEDED
+    assert journal.runs.get_run("d1").status == RunStatus.SUCCEEDED
     assert [s for s, _, _ in kit.started(journal, "d1")] == ["c"]  # a and b never started again
     request = DerivedRequest("d1", "d2", SourceKind.FORK, "c", {"x": 1}, keep=lambda s: s != "c",
                              allowed=(RunStatus.SUCCEEDED,))
-    journal.create_derived_run(request, frontier=frontier_of("c"), now=at(20), lease_ttl=TTL)
+    journal.lineage.create_derived_run(request, frontier=frontier_of("c"), now=at(20), lease_ttl=TTL)
     reused = {e.step_id: e.payload["reused_from"] for e in kit.events(journal, "d2", EventKind.STEP_COMPLETED)}
     assert set(reused) == {"a", "b"} and reused["a"]["run_id"] == "d1" and reused["a"]["origin_run_id"] == "r1"
 
@@ -96,9 +96,9 @@ def test_a_fork_copies_only_the_steps_it_keeps(journal: Journal) -> None:
 
 
 def nothing_written(journal: Journal, before: int) -> None:
-    assert not journal.run_exists("d1") and kit.lock_row(journal, "d1") is None
+    assert not journal.runs.run_exists("d1") and kit.lock_row(journal, "d1") is None
     assert len(kit.events(journal, "d1")) == 0 and len(kit.events(journal)) == before
-    assert journal.derived_runs("r1") == []
+    assert journal.lineage.derived_runs("r1") == []
 
 
 @pytest.mark.parametrize(("change", "error"), [
@@ -126,8 +126,8 @@ def test_an_in_flight_source_and_a_child_run_are_refused(journal: Journal) -> No
     new_run(journal, "c1", parent=("p1", "sub"))
     request = DerivedRequest("c1", "d1", SourceKind.RETRY, None, None, keep=lambda _s: True, allowed=RETRYABLE)
     with pytest.raises(Refused, match="child run"):
-        journal.create_derived_run(request, frontier=frontier_of("x"), now=at(1), lease_ttl=TTL)
-    assert not journal.run_exists("d1")
+        journal.lineage.create_derived_run(request, frontier=frontier_of("x"), now=at(1), lease_ttl=TTL)
+    assert not journal.runs.run_exists("d1")
 
 
 def test_the_same_request_again_is_idempotent_and_another_under_its_id_is_refused(journal: Journal) -> None:
@@ -144,15 +144,15 @@ def test_the_same_request_again_is_idempotent_and_another_under_its_id_is_refuse
     new_run(journal, "theirs", tenant="t2")
     with pytest.raises(RunIdTaken):
         derive(journal, run_id="theirs")
-    assert len(kit.events(journal, "d1")) == count and journal.derived_runs("r1")[0]["run_id"] == "d1"
+    assert len(kit.events(journal, "d1")) == count and journal.lineage.derived_runs("r1")[0]["run_id"] == "d1"
 
 
 def test_the_doctor_flags_a_reused_step_outside_a_derived_runs_opening(journal: Journal) -> None:
     new_run(journal, "plain")
     with journal.engine.begin() as conn:
-        journal._append(conn, "plain", "a", None, EventKind.STEP_COMPLETED,
-                        {"output": 1, "reused_from": {"run_id": "r0", "seq": 1}}, 1, at(1))
-    found = [(v.kind, v.run_id, v.step_id) for v in journal.violations()]
+        journal.lineage._append(conn, "plain", "a", None, EventKind.STEP_COMPLETED,
+                                {"output": 1, "reused_from": {"run_id": "r0", "seq": 1}}, 1, at(1))
+    found = [(v.kind, v.run_id, v.step_id) for v in journal.doctor.violations()]
     assert found == [("reused_out_of_place", "plain", "a")]
     with journal.engine.begin() as conn:  # leave the journal clean for the fixture's check
         conn.exec_driver_sql("DELETE FROM journal_events WHERE run_id = 'plain' AND step_id = 'a'")
@@ -169,8 +169,8 @@ def test_recovery_replays_a_derived_run_from_its_reused_steps(journal: Journal) 
         seen.append(dict(completed))
         return ("c",)
 
-    recovery = journal.recover_run(run_id="d1", worker_id="sweep", now=at(10 + TTL + 1), lease_ttl=TTL, plan=plan)
+    recovery = journal.recovery.recover_run(run_id="d1", worker_id="sweep", now=at(10 + TTL + 1), lease_ttl=TTL, plan=plan)
     assert recovery is not None and recovery.resumed_steps == ("c",) and recovery.generation == 2
     assert seen == [{"a": {"step": "a"}, "b": {"step": "b"}}]
     kit.claim_and_complete(journal, "c", kit.finishing("done"), run_id="d1", generation=2, seconds=10 + TTL + 2)
-    assert journal.get_run("d1").status == RunStatus.SUCCEEDED
+    assert journal.runs.get_run("d1").status == RunStatus.SUCCEEDED

@@ -35,32 +35,32 @@ def claim(step: str, seconds: float = 0.0, *, generation: int = 1, worker: str =
     def op(journal: Journal) -> Any:
         f = fence(generation=generation, worker=worker, seconds=seconds)
         if ready is None:
-            return journal.claim_step(f, step)
-        return journal.claim_step(f, step, ready=lambda _run, _done: ready)
+            return journal.steps.claim_step(f, step)
+        return journal.steps.claim_step(f, step, ready=lambda _run, _done: ready)
     return op
 
 
 def complete(step: str, plan: Plan, seconds: float = 0.0, *, attempt: int = 1, generation: int = 1,
              usage: Usage | None = None) -> Op:
-    return lambda journal: journal.complete_step(
+    return lambda journal: journal.steps.complete_step(
         fence(generation=generation, seconds=seconds), step, attempt, {"by": step}, plan=plan, usage=usage,
         frontier=kit.only())
 
 
 def retry(step: str, seconds: float, backoff_s: float, *, attempt: int = 1) -> Op:
-    return lambda journal: journal.retry_step(fence(seconds=seconds), step, attempt, of=3,
-                                              error={"code": "flaky"}, backoff_s=backoff_s)
+    return lambda journal: journal.steps.retry_step(fence(seconds=seconds), step, attempt, of=3,
+                                                    error={"code": "flaky"}, backoff_s=backoff_s)
 
 
 def park(step: str, seconds: float, *in_flight: str) -> Op:
     """Park `step`; the run parks too unless `in_flight` names other ready steps."""
-    return lambda journal: journal.park_step(fence(seconds=seconds), step, 1, payload={"kind": "approval"},
-                                             wake_at=at(seconds + 60), frontier=kit.only(step, *in_flight))
+    return lambda journal: journal.waits.park_step(fence(seconds=seconds), step, 1, payload={"kind": "approval"},
+                                                   wake_at=at(seconds + 60), frontier=kit.only(step, *in_flight))
 
 
 def recover(seconds: float, *steps: str) -> Op:
-    return lambda journal: journal.recover_run(run_id="r1", worker_id="sweeper", now=at(seconds),
-                                               lease_ttl=TTL, plan=lambda _run, _done: steps)
+    return lambda journal: journal.recovery.recover_run(run_id="r1", worker_id="sweeper", now=at(seconds),
+                                                        lease_ttl=TTL, plan=lambda _run, _done: steps)
 
 
 CLAIM_STEP, COMPLETE_STEP, READ_LOG = "pal_claim", "pal_complete", "pal_read_step_log"
@@ -142,8 +142,8 @@ def label(result: Any) -> str:
 def journal_of(journal: Journal) -> dict[str, Any]:
     """Everything the scenario wrote: events (in seq order, without the seq), run row, lock row."""
     events = [(e.kind, e.step_id, e.attempt, e.generation, e.payload, e.created_at)
-              for e in journal.events("r1")]
-    return {"events": events, "run": journal.get_run("r1").as_dict(), "lock": kit.lock_row(journal)}
+              for e in journal.runs.events("r1")]
+    return {"events": events, "run": journal.runs.get_run("r1").as_dict(), "lock": kit.lock_row(journal)}
 
 
 def replay(journal: Journal, ops: list[Op]) -> list[tuple[Any, dict[str, Any]]]:
@@ -184,7 +184,7 @@ def two_journals(pg_admin: sa.Engine) -> Iterator[tuple[Journal, Journal]]:
         transaction.calls = None
         yield one_call, transaction
         for journal in (one_call, transaction):
-            assert journal.violations() == []
+            assert journal.doctor.violations() == []
 
 
 @pytest.mark.parametrize("scenario", [pytest.param(s, id=s.name) for s in SCENARIOS])

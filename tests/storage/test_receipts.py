@@ -16,14 +16,14 @@ from tests.storage.kit import at, fence, new_run
 def started_step(journal: Journal) -> Journal:
     """r1 with step `send` started (attempt 1, generation 1)."""
     new_run(journal)
-    assert journal.claim_step(fence(), "send").outcome is ClaimOutcome.RUN
+    assert journal.steps.claim_step(fence(), "send").outcome is ClaimOutcome.RUN
     return journal
 
 
 def claim(journal: Journal, key: str = "k1", *, worker: str = "w1", seconds: float = 1.0,
           generation: int = 1) -> Receipt:
-    return journal.claim_receipt(fence(generation=generation, worker=worker, seconds=seconds), key=key,
-                                 step_id="send", attempt=1, effect_kind="email", target="ops@example.com")
+    return journal.receipts.claim_receipt(fence(generation=generation, worker=worker, seconds=seconds), key=key,
+                                          step_id="send", attempt=1, effect_kind="email", target="ops@example.com")
 
 
 def test_a_receipt_is_claimed_once_per_key(started_step: Journal) -> None:
@@ -31,7 +31,7 @@ def test_a_receipt_is_claimed_once_per_key(started_step: Journal) -> None:
     assert claim(journal) == Receipt(status=ReceiptStatus.CLAIMED, response=None, new=True)
     assert claim(journal, worker="w2", seconds=2) == Receipt(ReceiptStatus.CLAIMED, None, new=False)
     assert claim(journal, "k2", seconds=3).new
-    [first, second] = journal.receipts("r1")
+    [first, second] = journal.receipts.receipts("r1")
     assert (first["idempotency_key"], first["created_at"], first["target"]) == ("k1", at(1), "ops@example.com")
     assert second["idempotency_key"] == "k2"
 
@@ -39,19 +39,19 @@ def test_a_receipt_is_claimed_once_per_key(started_step: Journal) -> None:
 def test_a_later_caller_gets_the_first_claims_outcome(started_step: Journal) -> None:
     journal = started_step
     assert claim(journal).new
-    journal.settle_receipt(key="k1", status=ReceiptStatus.DELIVERED, response={"id": "m-1"}, now=at(5))
+    journal.receipts.settle_receipt(key="k1", status=ReceiptStatus.DELIVERED, response={"id": "m-1"}, now=at(5))
     assert claim(journal, seconds=6) == Receipt(ReceiptStatus.DELIVERED, {"id": "m-1"}, new=False)
-    [row] = journal.receipts("r1")
+    [row] = journal.receipts.receipts("r1")
     assert (row["status"], row["updated_at"]) == (ReceiptStatus.DELIVERED, at(5))
 
 
 def test_only_a_claimed_receipt_is_settled(started_step: Journal) -> None:
     journal = started_step
     assert claim(journal).new
-    journal.settle_receipt(key="k1", status=ReceiptStatus.FAILED, response={"smtp": 550}, now=at(5))
-    journal.settle_receipt(key="k1", status=ReceiptStatus.DELIVERED, response={"id": "late"}, now=at(6))
-    journal.settle_receipt(key="nobody", status=ReceiptStatus.DELIVERED, response=None, now=at(6))
-    [row] = journal.receipts("r1")
+    journal.receipts.settle_receipt(key="k1", status=ReceiptStatus.FAILED, response={"smtp": 550}, now=at(5))
+    journal.receipts.settle_receipt(key="k1", status=ReceiptStatus.DELIVERED, response={"id": "late"}, now=at(6))
+    journal.receipts.settle_receipt(key="nobody", status=ReceiptStatus.DELIVERED, response=None, now=at(6))
+    [row] = journal.receipts.receipts("r1")
     assert (row["status"], row["response"], row["updated_at"]) == (ReceiptStatus.FAILED, {"smtp": 550}, at(5))
 
 
@@ -59,5 +59,5 @@ def test_a_fenced_out_receipt_claim_raises_lease_lost_and_claims_nothing(started
     journal = started_step
     with pytest.raises(LeaseLost):
         claim(journal, generation=2)
-    assert journal.receipts("r1") == []
+    assert journal.receipts.receipts("r1") == []
     assert claim(journal).new  # the key is still free for the lease's holder

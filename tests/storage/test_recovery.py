@@ -30,28 +30,28 @@ class Resumes:
 
 
 def redelivery(journal: Journal) -> datetime | None:
-    lease = journal.get_lease("r1")
+    lease = journal.runs.get_lease("r1")
     assert lease is not None
     return lease.redeliver_at
 
 
 def recover(journal: Journal, seconds: float, *steps: str, run_id: str = "r1", lease_ttl: float = TTL,
             **options: Any) -> Recovery | None:
-    return journal.recover_run(run_id=run_id, worker_id="sweeper", now=at(seconds), lease_ttl=lease_ttl,
-                               plan=Resumes(*steps), **options)
+    return journal.recovery.recover_run(run_id=run_id, worker_id="sweeper", now=at(seconds), lease_ttl=lease_ttl,
+                                        plan=Resumes(*steps), **options)
 
 
 def test_recover_run_steals_only_an_expired_lease(journal: Journal) -> None:
     new_run(journal)
     kit.claim_and_complete(journal, "a", kit.dispatching("b"))
-    assert journal.claim_step(fence(), "b").outcome is ClaimOutcome.RUN
+    assert journal.steps.claim_step(fence(), "b").outcome is ClaimOutcome.RUN
     lease = kit.lock_row(journal)
     assert recover(journal, TTL - 1, "b") is None
     assert recover(journal, TTL, "b") is None  # expires_at < now: at the instant itself it holds
     assert kit.lock_row(journal) == lease and kit.events(journal, kind=EventKind.RUN_RECOVERED) == []
 
     plan = Resumes("b")
-    recovery = journal.recover_run(run_id="r1", worker_id="sweeper", now=at(TTL + 1), lease_ttl=TTL, plan=plan)
+    recovery = journal.recovery.recover_run(run_id="r1", worker_id="sweeper", now=at(TTL + 1), lease_ttl=TTL, plan=plan)
     assert recovery == Recovery(generation=2, resumed_steps=("b",))
     assert plan.shown == [("r1", {"a": {"step": "a"}})]
     assert kit.lock_row(journal) == {"run_id": "r1", "worker_id": "sweeper", "expires_at": at(2 * TTL + 1),
@@ -64,23 +64,23 @@ def test_recover_run_steals_only_an_expired_lease(journal: Journal) -> None:
 
 def test_an_operator_may_take_only_an_idle_live_lease(journal: Journal) -> None:
     new_run(journal)
-    assert journal.claim_step(fence(), "a").outcome is ClaimOutcome.RUN
+    assert journal.steps.claim_step(fence(), "a").outcome is ClaimOutcome.RUN
     with pytest.raises(LeaseBusy, match="step\\(s\\) a running under w1"):
         recover(journal, 1, "a", allow_idle=True)
-    journal.retry_step(fence(seconds=1), "a", 1, of=3, error={"code": "x"}, backoff_s=100)
+    journal.steps.retry_step(fence(seconds=1), "a", 1, of=3, error={"code": "x"}, backoff_s=100)
     assert recover(journal, 2, "a", allow_idle=True) == Recovery(2, ("a",))
 
 
 def test_a_parked_runs_timer_is_never_stolen(journal: Journal) -> None:
     new_run(journal)
-    assert journal.claim_step(fence(), "approve").outcome is ClaimOutcome.RUN
-    assert journal.park_step(fence(), "approve", 1, payload={}, wake_at=at(10), frontier=kit.only("approve"))
+    assert journal.steps.claim_step(fence(), "approve").outcome is ClaimOutcome.RUN
+    assert journal.waits.park_step(fence(), "approve", 1, payload={}, wake_at=at(10), frontier=kit.only("approve"))
     timer = kit.lock_row(journal)
     assert recover(journal, 20, "approve") is None
     assert recover(journal, 20, "approve", require_expired=False) is None
-    assert journal.recover_orphans(run_ids=["r1"], worker_id="sweeper", now=at(20), lease_ttl=TTL,
-                                   plan=Resumes("approve"), redeliver_after=5) == {}
-    assert journal.orphaned_runs(now=at(20), limit=10) == []
+    assert journal.recovery.recover_orphans(run_ids=["r1"], worker_id="sweeper", now=at(20), lease_ttl=TTL,
+                                            plan=Resumes("approve"), redeliver_after=5) == {}
+    assert journal.recovery.orphaned_runs(now=at(20), limit=10) == []
     assert kit.lock_row(journal) == timer and timer is not None and timer["worker_id"] == LockHolder.PARKED
     assert kit.events(journal, kind=EventKind.RUN_RECOVERED) == []
 
@@ -96,8 +96,8 @@ def test_recover_orphans_steals_a_batch(journal: Journal) -> None:
     def plan(run: RunRecord, _completed: Mapping[str, Any]) -> Sequence[str]:
         return ["a"] if run.id == "r1" else []
 
-    recovered = journal.recover_orphans(run_ids=["r4", "r3", "r2", "r1", "missing"], worker_id="sweeper",
-                                        now=at(40), lease_ttl=TTL, plan=plan, redeliver_after=5)
+    recovered = journal.recovery.recover_orphans(run_ids=["r4", "r3", "r2", "r1", "missing"], worker_id="sweeper",
+                                                 now=at(40), lease_ttl=TTL, plan=plan, redeliver_after=5)
     assert recovered == {"r1": Recovery(2, ("a",)), "r2": Recovery(2, ())}
     for run_id, redeliver_at in (("r1", at(45)), ("r2", None)):  # a run that resumes nothing: no resend
         assert kit.lock_row(journal, run_id) == {"run_id": run_id, "worker_id": "sweeper",
@@ -105,39 +105,39 @@ def test_recover_orphans_steals_a_batch(journal: Journal) -> None:
                                                  "redeliver_at": redeliver_at}
         assert len(kit.events(journal, run_id, EventKind.RUN_RECOVERED)) == 1
     assert kit.lock_row(journal, "r3") == live and kit.lock_row(journal, "r4") is None
-    assert journal.recover_orphans(run_ids=["r1", "r2"], worker_id="sweeper", now=at(41), lease_ttl=TTL,
-                                   plan=plan, redeliver_after=5) == {}
+    assert journal.recovery.recover_orphans(run_ids=["r1", "r2"], worker_id="sweeper", now=at(41), lease_ttl=TTL,
+                                            plan=plan, redeliver_after=5) == {}
 
 
 def test_redeliver_is_due_after_the_min_gap_and_then_doubles(journal: Journal) -> None:
     new_run(journal)
-    assert journal.claim_step(fence(), "a").outcome is ClaimOutcome.RUN
+    assert journal.steps.claim_step(fence(), "a").outcome is ClaimOutcome.RUN
     assert recover(journal, 31, "a", lease_ttl=600, redeliver_after=5) == Recovery(2, ("a",))
-    assert journal.redeliverable_runs(now=at(36), limit=10) == []
-    assert journal.redeliverable_runs(now=at(37), limit=10) == ["r1"]
-    assert journal.redeliver(run_id="r1", now=at(35), min_gap=5, plan=Resumes("a")) is None
+    assert journal.recovery.redeliverable_runs(now=at(36), limit=10) == []
+    assert journal.recovery.redeliverable_runs(now=at(37), limit=10) == ["r1"]
+    assert journal.recovery.redeliver(run_id="r1", now=at(35), min_gap=5, plan=Resumes("a")) is None
     assert kit.events(journal, kind=EventKind.RUN_REDELIVERED) == []
 
-    assert journal.redeliver(run_id="r1", now=at(37), min_gap=5, plan=Resumes("a")) == Recovery(2, ("a",))
+    assert journal.recovery.redeliver(run_id="r1", now=at(37), min_gap=5, plan=Resumes("a")) == Recovery(2, ("a",))
     assert redelivery(journal) == at(43)  # the gap: max(5, 37 - 31)
-    assert journal.redeliver(run_id="r1", now=at(42), min_gap=5, plan=Resumes("a")) is None
-    assert journal.redeliver(run_id="r1", now=at(44), min_gap=5, plan=Resumes("a")) == Recovery(2, ("a",))
+    assert journal.recovery.redeliver(run_id="r1", now=at(42), min_gap=5, plan=Resumes("a")) is None
+    assert journal.recovery.redeliver(run_id="r1", now=at(44), min_gap=5, plan=Resumes("a")) == Recovery(2, ("a",))
     assert redelivery(journal) == at(57)  # the gap doubles: 44 - 31
     assert [(e.generation, e.payload) for e in kit.events(journal, kind=EventKind.RUN_REDELIVERED)] == [
         (2, {"generation": 2, "steps": ["a"]})] * 2
 
-    assert journal.claim_step(fence(generation=2, seconds=45), "a").outcome is ClaimOutcome.RUN
-    assert journal.redeliverable_runs(now=at(1000), limit=10) == []  # a claim clears it
+    assert journal.steps.claim_step(fence(generation=2, seconds=45), "a").outcome is ClaimOutcome.RUN
+    assert journal.recovery.redeliverable_runs(now=at(1000), limit=10) == []  # a claim clears it
 
 
 def test_no_redelivery_is_due_past_the_leases_end(journal: Journal) -> None:
     new_run(journal)
     assert recover(journal, 31, "a", lease_ttl=20, redeliver_after=5) == Recovery(2, ("a",))  # lease: T0+51
-    assert journal.redeliver(run_id="r1", now=at(37), min_gap=5, plan=Resumes("a")) is not None
+    assert journal.recovery.redeliver(run_id="r1", now=at(37), min_gap=5, plan=Resumes("a")) is not None
     assert redelivery(journal) == at(43)
-    assert journal.redeliver(run_id="r1", now=at(44), min_gap=5, plan=Resumes("a")) is not None  # next: T0+57
+    assert journal.recovery.redeliver(run_id="r1", now=at(44), min_gap=5, plan=Resumes("a")) is not None  # next: T0+57
     assert redelivery(journal) is None
-    assert journal.orphaned_runs(now=at(52), limit=10) == ["r1"]  # the sweep steals it instead
+    assert journal.recovery.orphaned_runs(now=at(52), limit=10) == ["r1"]  # the sweep steals it instead
 
 
 def test_orphaned_runs_follow_now(journal: Journal) -> None:
@@ -145,11 +145,11 @@ def test_orphaned_runs_follow_now(journal: Journal) -> None:
     new_run(journal, "r2", seconds=10)
     new_run(journal, "r3")
     kit.claim_and_complete(journal, "a", kit.finishing(), run_id="r3")  # finished: never an orphan
-    assert journal.orphaned_runs(now=at(TTL), limit=10) == []
-    assert journal.orphaned_runs(now=at(TTL + 1), limit=10) == ["r1"]
-    assert journal.orphaned_runs(now=at(TTL + 11), limit=10) == ["r1", "r2"]
-    assert journal.orphaned_runs(now=at(TTL + 11), limit=1) == ["r1"]
-    assert journal.renew_lease(fence(seconds=TTL)) and not journal.renew_lease(fence(generation=2))
-    assert journal.orphaned_runs(now=at(TTL + 11), limit=10) == ["r2"]
-    [(run, lease)] = journal.stuck_runs(now=at(TTL + 11))
+    assert journal.recovery.orphaned_runs(now=at(TTL), limit=10) == []
+    assert journal.recovery.orphaned_runs(now=at(TTL + 1), limit=10) == ["r1"]
+    assert journal.recovery.orphaned_runs(now=at(TTL + 11), limit=10) == ["r1", "r2"]
+    assert journal.recovery.orphaned_runs(now=at(TTL + 11), limit=1) == ["r1"]
+    assert journal.steps.renew_lease(fence(seconds=TTL)) and not journal.steps.renew_lease(fence(generation=2))
+    assert journal.recovery.orphaned_runs(now=at(TTL + 11), limit=10) == ["r2"]
+    [(run, lease)] = journal.recovery.stuck_runs(now=at(TTL + 11))
     assert run.id == "r2" and lease is not None and lease.expires_at == at(10 + TTL)

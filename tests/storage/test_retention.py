@@ -42,18 +42,18 @@ def succeeded(journal: Journal, run_id: str, seconds: float, *, tenant: str = "t
     delivery receipt and journaled an anomaly first."""
     new_run(journal, run_id, tenant=tenant, seconds=seconds - 1, parent=parent)
     f = fence(run_id, seconds=seconds)
-    claim = journal.claim_step(f, "a")
+    claim = journal.steps.claim_step(f, "a")
     if effects:
-        journal.claim_receipt(f, key=f"key-{run_id}", step_id="a", attempt=claim.attempt,
-                              effect_kind="webhook", target="https://example.test/hook")
-        journal.record_anomalies(f, [Anomaly(AnomalyKind.EXCESSIVE_STEPS, 9, 5, "static", "a", "many")])
-    journal.complete_step(f, "a", claim.attempt, {"run": run_id}, plan=kit.finishing({"done": run_id}))
+        journal.receipts.claim_receipt(f, key=f"key-{run_id}", step_id="a", attempt=claim.attempt,
+                                       effect_kind="webhook", target="https://example.test/hook")
+        journal.anomalies.record_anomalies(f, [Anomaly(AnomalyKind.EXCESSIVE_STEPS, 9, 5, "static", "a", "many")])
+    journal.steps.complete_step(f, "a", claim.attempt, {"run": run_id}, plan=kit.finishing({"done": run_id}))
 
 
 def failed(journal: Journal, run_id: str, seconds: float) -> None:
     new_run(journal, run_id, seconds=seconds - 1)
-    claim = journal.claim_step(fence(run_id, seconds=seconds), "a")
-    assert journal.fail_step(fence(run_id, seconds=seconds), "a", claim.attempt, {"message": "kaput"})
+    claim = journal.steps.claim_step(fence(run_id, seconds=seconds), "a")
+    assert journal.steps.fail_step(fence(run_id, seconds=seconds), "a", claim.attempt, {"message": "kaput"})
 
 
 def prune(journal: Journal, cutoff: datetime = CUTOFF, *, batch: int = 500, tenant: str | None = None,
@@ -61,7 +61,7 @@ def prune(journal: Journal, cutoff: datetime = CUTOFF, *, batch: int = 500, tena
     """Every batch of one prune, as `pal runs prune` walks them."""
     done, cursor, query = [], None, PruneQuery(cutoff, tenant, batch)
     while True:
-        found = journal.prune_batch(query, after=cursor, now=at(1000), dry_run=dry_run)
+        found = journal.retention.prune_batch(query, after=cursor, now=at(1000), dry_run=dry_run)
         if found.cursor is None:
             return done
         done.append(found)
@@ -82,11 +82,11 @@ def test_a_prune_deletes_old_finished_runs_with_every_row_of_theirs_and_nothing_
     succeeded(journal, "old-ok", 10, effects=True)
     failed(journal, "old-failed", 20)
     new_run(journal, "old-cancelled", seconds=29)
-    journal.cancel_run(run_id="old-cancelled", now=at(30), by="test", reason=None)
+    journal.runs.cancel_run(run_id="old-cancelled", now=at(30), by="test", reason=None)
     succeeded(journal, "young", 200)  # finished after the cutoff
     new_run(journal, "queued")  # in flight since long before the cutoff
     new_run(journal, "running")
-    journal.claim_step(fence("running"), "a")
+    journal.steps.claim_step(fence("running"), "a")
     before = {run_id: every_row(journal, run_id) for run_id in ("young", "queued", "running")}
     assert every_row(journal, "old-ok")[:4] == [1, 5, 1, 1]
 
@@ -96,7 +96,7 @@ def test_a_prune_deletes_old_finished_runs_with_every_row_of_theirs_and_nothing_
     for gone in ("old-ok", "old-failed", "old-cancelled"):
         assert every_row(journal, gone) == [0, 0, 0, 0, 0]
         with pytest.raises(RunNotFound):
-            journal.get_run(gone)
+            journal.runs.get_run(gone)
     assert {run_id: every_row(journal, run_id) for run_id in before} == before
     with journal.engine.connect() as conn:
         kept = conn.execute(sa.select(pruned_runs).order_by(pruned_runs.c.run_id)).mappings().all()
@@ -121,7 +121,7 @@ def test_a_family_goes_whole_and_never_while_a_member_is_in_flight(journal: Jour
     new_run(journal, "p2", seconds=1)
     new_run(journal, "p2.c", seconds=2, parent=("p2", "sub"))  # still queued when p2 ends
     kit.claim_and_complete(journal, "a", kit.finishing(), run_id="p2", seconds=9)
-    assert journal.get_run("p2").terminal and not journal.get_run("p2.c").terminal
+    assert journal.runs.get_run("p2").terminal and not journal.runs.get_run("p2.c").terminal
     new_run(journal, "p3", seconds=1)  # in flight; its child finished long ago
     succeeded(journal, "p3.c", 5, parent=("p3", "sub"))
 
@@ -131,7 +131,7 @@ def test_a_family_goes_whole_and_never_while_a_member_is_in_flight(journal: Jour
     assert rows(journal, runs, "p1") == rows(journal, runs, "p1.c") == 0
     assert [rows(journal, runs, r) for r in ("p2", "p2.c", "p3", "p3.c")] == [1, 1, 1, 1]
     assert len(kit.events(journal, "p2")) == 4 and len(kit.events(journal, "p3.c")) == 4
-    journal.cancel_run(run_id="p2.c", now=at(20), by="test", reason=None)  # once all of it ended...
+    journal.runs.cancel_run(run_id="p2.c", now=at(20), by="test", reason=None)  # once all of it ended...
     assert [(b.families, b.runs) for b in prune(journal)] == [(1, 2)]  # ...the family goes
 
 
@@ -160,16 +160,16 @@ def test_a_derived_run_keeps_its_journal_when_its_source_is_pruned(journal: Jour
                      .values(step_id="b"))
     request = DerivedRequest("r1", "d1", SourceKind.RETRY, None, {"x": 1}, keep=lambda _s: True,
                              allowed=(RunStatus.FAILED,), tenant_id="t1")
-    derived = journal.create_derived_run(request, frontier=lambda _s, _r: ("b",), now=at(200), lease_ttl=TTL)
+    derived = journal.lineage.create_derived_run(request, frontier=lambda _s, _r: ("b",), now=at(200), lease_ttl=TTL)
     assert derived.created
     derived_events = kit.events(journal, "d1")
 
     assert sum(b.runs for b in prune(journal)) == 1  # the source; the derived run is in flight
 
     assert kit.events(journal, "d1") == derived_events
-    assert journal.get_run("d1").source_run_id == "r1"
+    assert journal.runs.get_run("d1").source_run_id == "r1"
     with pytest.raises(RunNotFound):  # a retry of the pruned source: no run
-        journal.create_derived_run(DerivedRequest("r1", "d2", SourceKind.RETRY, None, {"x": 1},
+        journal.lineage.create_derived_run(DerivedRequest("r1", "d2", SourceKind.RETRY, None, {"x": 1},
                                                   keep=lambda _s: True, allowed=(RunStatus.FAILED,)),
                                    frontier=lambda _s, _r: ("b",), now=at(300), lease_ttl=TTL)
     kit.claim_and_complete(journal, "b", kit.finishing(), run_id="d1", seconds=300)
@@ -199,7 +199,7 @@ def test_a_pruned_run_id_is_never_started_again(journal: Journal) -> None:
     request = DerivedRequest("src", "r1", SourceKind.RETRY, None, {"x": 1}, keep=lambda _s: True,
                              allowed=(RunStatus.FAILED,), tenant_id="t1")
     with pytest.raises(RunIdTaken):
-        journal.create_derived_run(request, frontier=lambda _s, _r: ("a",), now=at(30), lease_ttl=TTL)
+        journal.lineage.create_derived_run(request, frontier=lambda _s, _r: ("a",), now=at(30), lease_ttl=TTL)
     assert rows(journal, runs, "r1") == 0 and len(kit.events(journal, "src")) == 4
 
 
@@ -239,8 +239,8 @@ def test_totals_stay_true_after_a_prune(journal: Journal) -> None:
     """The doctor's totals and lineage checks (run by the fixture) hold for what remains."""
     new_run(journal, "spent")
     f = fence("spent", seconds=1)
-    claim = journal.claim_step(f, "a")
-    journal.complete_step(f, "a", claim.attempt, {}, plan=kit.finishing(), usage=Usage(3, 4, Decimal("0.5")))
+    claim = journal.steps.claim_step(f, "a")
+    journal.steps.complete_step(f, "a", claim.attempt, {}, plan=kit.finishing(), usage=Usage(3, 4, Decimal("0.5")))
     succeeded(journal, "young", 200)
     prune(journal)
     assert rows(journal, runs, "spent") == 0 and rows(journal, runs, "young") == 1

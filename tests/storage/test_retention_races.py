@@ -25,13 +25,13 @@ from tests.storage.test_retention import CUTOFF, failed
 def pg_journal(pg_admin: sa.Engine) -> Iterator[Journal]:
     with postgres_journal(pg_admin) as journal:
         yield journal
-        assert journal.violations() == []
+        assert journal.doctor.violations() == []
 
 
 def retry(journal: Journal, run_id: str) -> Derived:
     request = DerivedRequest("r1", run_id, SourceKind.RETRY, None, {"x": 1}, keep=lambda _s: True,
                              allowed=(RunStatus.FAILED,), tenant_id="t1")
-    return journal.create_derived_run(request, frontier=lambda _s, _r: ("a",), now=at(50), lease_ttl=TTL)
+    return journal.lineage.create_derived_run(request, frontier=lambda _s, _r: ("a",), now=at(50), lease_ttl=TTL)
 
 
 def test_a_prune_passes_over_a_source_a_retry_is_reading(pg_journal: Journal) -> None:
@@ -39,10 +39,10 @@ def test_a_prune_passes_over_a_source_a_retry_is_reading(pg_journal: Journal) ->
     with pg_journal.engine.connect() as reader, reader.begin():
         # What create_derived_run takes first on its source (pal.storage.lineage).
         reader.execute(sa.select(runs.c.id).where(runs.c.id == "r1").with_for_update(read=True, key_share=True))
-        passed = pg_journal.prune_batch(PruneQuery(CUTOFF), after=None, now=at(60))
+        passed = pg_journal.retention.prune_batch(PruneQuery(CUTOFF), after=None, now=at(60))
         assert (passed.families, passed.runs) == (0, 0)
-    assert pg_journal.get_run("r1").status == "failed"
-    done = pg_journal.prune_batch(PruneQuery(CUTOFF), after=None, now=at(60))
+    assert pg_journal.runs.get_run("r1").status == "failed"
+    done = pg_journal.retention.prune_batch(PruneQuery(CUTOFF), after=None, now=at(60))
     assert (done.families, done.runs, done.events) == (1, 1, 4)
 
 
@@ -69,7 +69,7 @@ def test_a_retry_waiting_on_a_prune_gets_no_run_not_half_a_source(pg_journal: Jo
     thread.join(timeout=60)
     assert len(outcome) == 1 and isinstance(outcome[0], RunNotFound)
     with pytest.raises(RunNotFound):
-        pg_journal.get_run("d1")
+        pg_journal.runs.get_run("d1")
 
 
 def _waiting_for_a_lock(journal: Journal) -> bool:

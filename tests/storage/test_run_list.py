@@ -12,13 +12,13 @@ from tests.storage.kit import TTL, at
 
 
 def make(journal: Journal, run_id: str, seconds: float, graph: Any, tenant: str = "t1") -> None:
-    _, created = journal.create_run(run_id=run_id, tenant_id=tenant, kind="graph", graph=graph,
-                                    graph_hash=None, run_input=None, now=at(seconds), lease_ttl=TTL)
+    _, created = journal.runs.create_run(run_id=run_id, tenant_id=tenant, kind="graph", graph=graph,
+                                         graph_hash=None, run_input=None, now=at(seconds), lease_ttl=TTL)
     assert created
 
 
 def ids(journal: Journal, **filters: Any) -> list[str]:
-    return [r.id for r in journal.list_runs(tenant_id="t1", **filters)]
+    return [r.id for r in journal.runs.list_runs(tenant_id="t1", **filters)]
 
 
 def seed(journal: Journal) -> None:
@@ -43,7 +43,7 @@ def test_each_filter_narrows_the_tenants_runs(journal: Journal) -> None:
     assert ids(journal, since=at(31)) == ["odd_%"] and ids(journal, until=at(0)) == []
     assert ids(journal, status=RunStatus.QUEUED, graph="refunds", search="2", since=at(5)) == ["refund-2"]
     assert ids(journal, status=RunStatus.SUCCEEDED) == []
-    names = {r.id: r.graph_name for r in journal.list_runs(tenant_id="t1")}
+    names = {r.id: r.graph_name for r in journal.runs.list_runs(tenant_id="t1")}
     assert names["refund-1"] == "refunds" and names["nameless"] is None
 
 

@@ -31,8 +31,8 @@ HEAD = "c56bb7840e403e2ae3698f8301af1fddd0fa418c1e3fe59fc7fad6005be176e1"
 def finished_run(journal: Journal) -> None:
     new_run(journal)
     f = fence(seconds=1.5)
-    claim = journal.claim_step(f, "a")
-    journal.complete_step(f, "a", claim.attempt, OUTPUT, plan=kit.finishing({"done": 1.5}))
+    claim = journal.steps.claim_step(f, "a")
+    journal.steps.complete_step(f, "a", claim.attempt, OUTPUT, plan=kit.finishing({"done": 1.5}))
 
 
 def test_postgres_and_sqlite_give_the_same_chain_head_for_the_same_events(journal: Journal) -> None:

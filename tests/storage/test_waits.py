@@ -26,54 +26,54 @@ def park_approval(journal: Journal, *, wake_in: float | None = 100.0, frontier: 
     seconds after T0)."""
     new_run(journal)
     kit.claim_and_complete(journal, "start", kit.dispatching("approve"))
-    assert journal.claim_step(fence(seconds=1), "approve").outcome is ClaimOutcome.RUN
-    return journal.park_step(fence(seconds=2), "approve", 1, payload=payload,
-                             wake_at=at(wake_in) if wake_in is not None else None, frontier=kit.only(*frontier))
+    assert journal.steps.claim_step(fence(seconds=1), "approve").outcome is ClaimOutcome.RUN
+    return journal.waits.park_step(fence(seconds=2), "approve", 1, payload=payload,
+                                   wake_at=at(wake_in) if wake_in is not None else None, frontier=kit.only(*frontier))
 
 
 def resume(journal: Journal, seconds: float = 10.0, **decision: Any) -> tuple[Handoff, int]:
-    return journal.resume_waiting(run_id="r1", step_id="approve", now=at(seconds), lease_ttl=TTL,
-                                  plan=kit.dispatching("after"), **decision)
+    return journal.waits.resume_waiting(run_id="r1", step_id="approve", now=at(seconds), lease_ttl=TTL,
+                                        plan=kit.dispatching("after"), **decision)
 
 
 def test_a_run_whose_frontier_only_waits_is_parked(journal: Journal) -> None:
     assert park_approval(journal)
-    assert journal.get_run("r1").status == RunStatus.WAITING
+    assert journal.runs.get_run("r1").status == RunStatus.WAITING
     timer = kit.lock_row(journal)
     assert timer is not None
     assert (timer["worker_id"], timer["generation"], timer["expires_at"]) == (LockHolder.PARKED, 2, at(100))
-    assert journal.get_lease("r1") is None and journal.wake_time("r1") == at(100)
+    assert journal.runs.get_lease("r1") is None and journal.waits.wake_time("r1") == at(100)
     body = {**APPROVAL, "wake_at": at(100).isoformat()}
     assert [(e.step_id, e.attempt, e.generation, e.payload) for e in kit.events(journal, kind=EventKind.STEP_WAITING)] == [
         ("approve", 1, 1, body)]
-    assert journal.waiting_steps("r1") == [
+    assert journal.waits.waiting_steps("r1") == [
         {"step_id": "approve", "attempt": 1, "payload": body, "created_at": at(2)}]
     # Every message of the generation that parked it is stale now.
-    assert journal.claim_step(fence(seconds=3), "approve").outcome is ClaimOutcome.STALE
+    assert journal.steps.claim_step(fence(seconds=3), "approve").outcome is ClaimOutcome.STALE
 
 
 def test_a_parked_run_without_a_wake_up_time_is_looked_at_again_later(journal: Journal) -> None:
     assert park_approval(journal, wake_in=None)
-    assert journal.wake_time("r1") == at(2 + WAIT_RECHECK_SECONDS)
+    assert journal.waits.wake_time("r1") == at(2 + WAIT_RECHECK_SECONDS)
 
 
 def test_a_run_with_another_step_in_flight_is_not_parked(journal: Journal) -> None:
     assert not park_approval(journal, frontier=("approve", "b"))
-    assert journal.get_run("r1").status == RunStatus.RUNNING
-    lease = journal.get_lease("r1")
+    assert journal.runs.get_run("r1").status == RunStatus.RUNNING
+    lease = journal.runs.get_lease("r1")
     assert lease is not None and (lease.worker_id, lease.generation) == ("w1", 1)
-    assert journal.wake_time("r1") is None
-    assert [w["step_id"] for w in journal.waiting_steps("r1")] == ["approve"]
+    assert journal.waits.wake_time("r1") is None
+    assert [w["step_id"] for w in journal.waits.waiting_steps("r1")] == ["approve"]
 
 
 def test_a_fenced_out_park_raises_lease_lost_and_writes_nothing(journal: Journal) -> None:
     new_run(journal)
-    assert journal.claim_step(fence(), "approve").outcome is ClaimOutcome.RUN
+    assert journal.steps.claim_step(fence(), "approve").outcome is ClaimOutcome.RUN
     before = kit.events(journal)
     with pytest.raises(LeaseLost):
-        journal.park_step(fence(generation=2), "approve", 1, payload=APPROVAL, wake_at=None,
-                          frontier=kit.only("approve"))
-    assert kit.events(journal) == before and journal.waiting_steps("r1") == []
+        journal.waits.park_step(fence(generation=2), "approve", 1, payload=APPROVAL, wake_at=None,
+                                frontier=kit.only("approve"))
+    assert kit.events(journal) == before and journal.waits.waiting_steps("r1") == []
 
 
 def test_a_parked_step_is_resumed_once(journal: Journal) -> None:
@@ -81,21 +81,21 @@ def test_a_parked_step_is_resumed_once(journal: Journal) -> None:
     handoff, generation = resume(journal, output={"approved": True},
                                  event=(EventKind.APPROVAL_DECIDED, {"decision": "approve"}))
     assert (handoff, generation) == (Handoff(("after",), False), 3)
-    lease = journal.get_lease("r1")
+    lease = journal.runs.get_lease("r1")
     assert lease is not None
     assert (lease.worker_id, lease.generation, lease.expires_at) == (LockHolder.QUEUED, 3, at(10 + TTL))
-    assert journal.get_run("r1").status == RunStatus.RUNNING
+    assert journal.runs.get_run("r1").status == RunStatus.RUNNING
     tail = [(e.kind, e.step_id, e.attempt, e.generation, e.payload) for e in kit.events(journal)][-2:]
     assert tail == [(EventKind.APPROVAL_DECIDED, "approve", 1, 3, {"decision": "approve"}),
                     (EventKind.STEP_COMPLETED, "approve", 1, 3, {"output": {"approved": True}})]
-    assert journal.waiting_steps("r1") == []
+    assert journal.waits.waiting_steps("r1") == []
 
     before = kit.events(journal)
     with pytest.raises(Refused, match="already decided"):
         resume(journal, seconds=11, output={"approved": False},
                event=(EventKind.APPROVAL_DECIDED, {"decision": "reject"}))
     assert kit.events(journal) == before
-    assert journal.claim_step(fence(generation=3, seconds=12), "after").outcome is ClaimOutcome.RUN
+    assert journal.steps.claim_step(fence(generation=3, seconds=12), "after").outcome is ClaimOutcome.RUN
 
 
 def test_a_refused_check_or_an_unknown_step_resumes_nothing(journal: Journal) -> None:
@@ -109,16 +109,16 @@ def test_a_refused_check_or_an_unknown_step_resumes_nothing(journal: Journal) ->
     with pytest.raises(Refused, match="not this approver"):
         resume(journal, output=True, check=check)
     with pytest.raises(Refused, match="no step 'nope'"):
-        journal.resume_waiting(run_id="r1", step_id="nope", now=at(10), lease_ttl=TTL, plan=kit.finishing())
+        journal.waits.resume_waiting(run_id="r1", step_id="nope", now=at(10), lease_ttl=TTL, plan=kit.finishing())
     assert kit.events(journal) == before
-    assert journal.get_run("r1").status == RunStatus.WAITING and journal.wake_time("r1") == at(100)
+    assert journal.runs.get_run("r1").status == RunStatus.WAITING and journal.waits.wake_time("r1") == at(100)
 
 
 def test_a_parked_step_resumed_with_an_error_fails_the_run(journal: Journal) -> None:
     assert park_approval(journal)
     handoff, generation = resume(journal, error={"code": "rejected"})
     assert (handoff.finished, generation) == (True, 3)
-    run = journal.get_run("r1")
+    run = journal.runs.get_run("r1")
     assert (run.status, run.error) == (RunStatus.FAILED, {"code": "rejected", "step_id": "approve"})
     assert [e.kind for e in kit.events(journal)][-2:] == [EventKind.STEP_FAILED, EventKind.RUN_FAILED]
     assert kit.lock_row(journal) is None
@@ -128,32 +128,32 @@ def test_a_parked_step_resumed_with_an_error_fails_the_run(journal: Journal) -> 
 
 def test_due_waiting_runs_and_rearm_wait_follow_now(journal: Journal) -> None:
     assert park_approval(journal)
-    assert journal.due_waiting_runs(now=at(100), limit=10) == []
-    assert journal.due_waiting_runs(now=at(101), limit=10) == ["r1"]
-    journal.rearm_wait(run_id="r1", wake_at=at(200), now=at(101))
-    assert journal.wake_time("r1") == at(200)
-    assert journal.due_waiting_runs(now=at(150), limit=10) == []
-    assert journal.due_waiting_runs(now=at(201), limit=10) == ["r1"]
-    assert journal.due_waiting_runs(now=at(201), limit=0) == []
+    assert journal.waits.due_waiting_runs(now=at(100), limit=10) == []
+    assert journal.waits.due_waiting_runs(now=at(101), limit=10) == ["r1"]
+    journal.waits.rearm_wait(run_id="r1", wake_at=at(200), now=at(101))
+    assert journal.waits.wake_time("r1") == at(200)
+    assert journal.waits.due_waiting_runs(now=at(150), limit=10) == []
+    assert journal.waits.due_waiting_runs(now=at(201), limit=10) == ["r1"]
+    assert journal.waits.due_waiting_runs(now=at(201), limit=0) == []
 
 
 def test_rearm_wait_leaves_a_live_lease_alone(journal: Journal) -> None:
     new_run(journal)
     lease = kit.lock_row(journal)
-    journal.rearm_wait(run_id="r1", wake_at=at(500), now=at(1))
+    journal.waits.rearm_wait(run_id="r1", wake_at=at(500), now=at(1))
     assert kit.lock_row(journal) == lease
-    assert journal.due_waiting_runs(now=at(1000), limit=10) == []  # in flight, not parked
+    assert journal.waits.due_waiting_runs(now=at(1000), limit=10) == []  # in flight, not parked
 
 
 def test_a_parent_waiting_for_a_finished_child_is_due_now(journal: Journal) -> None:
     new_run(journal)
-    assert journal.claim_step(fence(), "sub").outcome is ClaimOutcome.RUN
+    assert journal.steps.claim_step(fence(), "sub").outcome is ClaimOutcome.RUN
     new_run(journal, "c1", seconds=1, parent=("r1", "sub"))
-    assert journal.park_step(fence(seconds=2), "sub", 1, payload={"kind": "subagent", "child_run_id": "c1"},
-                             wake_at=None, frontier=kit.only("sub"))
-    assert journal.wake_time("r1") == at(2 + WAIT_RECHECK_SECONDS)
+    assert journal.waits.park_step(fence(seconds=2), "sub", 1, payload={"kind": "subagent", "child_run_id": "c1"},
+                                   wake_at=None, frontier=kit.only("sub"))
+    assert journal.waits.wake_time("r1") == at(2 + WAIT_RECHECK_SECONDS)
     kit.claim_and_complete(journal, "x", kit.finishing("child done"), run_id="c1", seconds=20)
-    assert journal.wake_time("r1") == at(20)  # the child's end made its parent due
-    journal.rearm_wait(run_id="r1", wake_at=at(500), now=at(30))
-    assert journal.wake_time("r1") == at(30)  # a finished child: due now, never at the later time
-    assert journal.due_waiting_runs(now=at(30) + timedelta(microseconds=1), limit=10) == ["r1"]
+    assert journal.waits.wake_time("r1") == at(20)  # the child's end made its parent due
+    journal.waits.rearm_wait(run_id="r1", wake_at=at(500), now=at(30))
+    assert journal.waits.wake_time("r1") == at(30)  # a finished child: due now, never at the later time
+    assert journal.waits.due_waiting_runs(now=at(30) + timedelta(microseconds=1), limit=10) == ["r1"]

@@ -45,7 +45,7 @@ def stop_vms(api: Api) -> None:
     """Harnesses run in sessions of their own: kill every VM the test's runs started."""
     journal = api.client.runtime.journal
     for run in api.client.list_runs(limit=200):
-        for vm in journal.vms(run.id):
+        for vm in journal.vms.vms(run.id):
             if vm.pid:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(vm.pid, signal.SIGKILL)

@@ -23,10 +23,11 @@ from pal.core.egress import (
     parse_allow_entry,
     parse_allow_list,
     refusal_reason,
-    resolve,
 )
 from pal.errors import ConfigError, GraphError
+from pal.nodes import egress_dns
 from pal.nodes.connector import FORBIDDEN_HEADERS, header_problem
+from pal.nodes.egress_dns import resolve
 from pal.nodes.email import one_address
 from pal.plan.graph import parse_graph
 
@@ -118,7 +119,7 @@ def assert_refused(spelling: str, port: int = 8080) -> None:
     addresses = resolve(host, port, numeric_only=True)  # read as a literal: never a DNS query
     assert decide(host, port, addresses, ()) is not None, (spelling, addresses)
     with pytest.raises(EgressRefused) as info:
-        egress.check(host, port, ())
+        egress_dns.check(host, port, ())
     assert info.value.code == "egress_refused" and info.value.error_class == "policy"
 
 
@@ -149,7 +150,7 @@ def test_ipv4_inside_ipv6_is_judged_as_the_ipv4_address(data: st.DataObject) -> 
 def test_localhost_names_are_loopback_without_asking_a_resolver(name: str) -> None:
     assert set(resolve(name, 80)) == {V4("127.0.0.1"), V6("::1")}
     with pytest.raises(EgressRefused, match="loopback"):
-        egress.check(name, 80, ())
+        egress_dns.check(name, 80, ())
 
 
 @pytest.mark.parametrize("address", METADATA)
@@ -180,11 +181,11 @@ def test_the_refusal_says_nothing_about_the_port_or_the_resolved_address() -> No
     messages = []
     for port in (22, 5432, 6379, 65000):
         with pytest.raises(EgressRefused) as info:
-            egress.check("127.0.0.1", port, ())
+            egress_dns.check("127.0.0.1", port, ())
         messages.append(str(info.value).replace(str(port), "PORT"))
     assert len(set(messages)) == 1 and "nothing was sent" in messages[0]
     with pytest.raises(EgressRefused) as named:
-        egress.check("db.localhost", 5432, ())
+        egress_dns.check("db.localhost", 5432, ())
     assert "127.0.0.1" not in str(named.value) and "::1" not in str(named.value)
 
 

@@ -12,7 +12,6 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 
 from pal.api.csrf import HEADER, UNSAFE_METHODS, require_same_origin, session_token
-from pal.storage.journal import Journal
 
 
 @dataclass(frozen=True)
@@ -48,8 +47,8 @@ def presented_token(request: Request) -> str | None:
 
 
 def tenant_of(request: Request, token: str) -> str | None:
-    journal: Journal = request.app.state.runtime.journal
-    return journal.token_tenant(token)
+    owner = request.app.state.runtime.control.token_owner(token)
+    return owner[0] if owner else None
 
 
 def bearer(request: Request) -> Caller:
@@ -57,8 +56,7 @@ def bearer(request: Request) -> Caller:
     if token is None:
         raise HTTPException(401, "missing bearer token: send Authorization: Bearer <token>",
                             headers={"WWW-Authenticate": "Bearer"})
-    journal: Journal = request.app.state.runtime.journal
-    owner = journal.token_owner(token)
+    owner = request.app.state.runtime.control.token_owner(token)
     if owner is None:
         raise HTTPException(401, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"})
     if from_cookie and request.method in UNSAFE_METHODS:

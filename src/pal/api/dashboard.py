@@ -133,7 +133,7 @@ def runs_page(request: Request, rt: Rt) -> Response:
     except ValueError as exc:
         return _page("runs.html", 400, tenant=who[0], csrf=who[1], runs=[], asked=asked, error=str(exc),
                      statuses=ALL_STATUSES, page=1, links={})
-    found = rt.journal.list_runs(tenant_id=who[0], limit=RUNS_PER_PAGE + 1, offset=(page - 1) * RUNS_PER_PAGE,
+    found = rt.control.list_runs(tenant_id=who[0], limit=RUNS_PER_PAGE + 1, offset=(page - 1) * RUNS_PER_PAGE,
                                  **chosen.as_kwargs())
     query = chosen.as_query()
     links = {name: "/runs?" + urlencode(query | {"page": str(number)}) for name, number in (
@@ -155,11 +155,11 @@ def run_page(run_id: str, request: Request, rt: Rt) -> Response:
     if who is None:
         return RedirectResponse("/login", status_code=303)
     try:
-        run = rt.journal.get_run(run_id, tenant_id=who[0])
+        run = rt.control.get_run(run_id, tenant_id=who[0])
     except RunNotFound:
         return _page("missing.html", 404, tenant=who[0], csrf=who[1], run_id=run_id)
     return _page("run.html", tenant=who[0], csrf=who[1], run=run, receipts=bool(rt.settings.signing_key),
-                 derived=rt.journal.derived_runs(run.id), fork_steps=_fork_steps(run))
+                 derived=rt.control.derived_runs(run.id), fork_steps=_fork_steps(run))
 
 
 def _fork_steps(run: RunRecord) -> list[str]:

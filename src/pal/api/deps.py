@@ -38,4 +38,4 @@ Notifier = Annotated[JournalNotifier | None, Depends(notifier_of)]
 def own_run(rt: Runtime, run_id: str, caller: Caller) -> RunRecord:
     """The run if it belongs to the caller's tenant; RunNotFound (a 404) otherwise, so another
     tenant's run cannot be told apart from no run at all."""
-    return rt.journal.get_run(run_id, tenant_id=caller.tenant_id)
+    return rt.control.get_run(run_id, tenant_id=caller.tenant_id)

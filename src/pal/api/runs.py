@@ -52,7 +52,7 @@ def list_runs(caller: Auth, rt: Rt, status: Annotated[str | None, Query(max_leng
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     # One more than a page: whether it comes back says if there is a next page.
-    records = rt.journal.list_runs(tenant_id=caller.tenant_id, limit=limit + 1, offset=offset,
+    records = rt.control.list_runs(tenant_id=caller.tenant_id, limit=limit + 1, offset=offset,
                                    **chosen.as_kwargs())
     return {"runs": [r.as_dict() | {"graph_name": r.graph_name} for r in records[:limit]],
             "next_offset": offset + limit if len(records) > limit else None}
@@ -61,14 +61,14 @@ def list_runs(caller: Auth, rt: Rt, status: Annotated[str | None, Query(max_leng
 @router.get("/v1/runs/{run_id}")
 def get_run(run_id: str, caller: Auth, rt: Rt) -> dict[str, Any]:
     """The run; `derived_runs` lists the runs retried or forked from it (docs/retry-and-fork.md)."""
-    return own_run(rt, run_id, caller).as_dict() | {"derived_runs": rt.journal.derived_runs(run_id)}
+    return own_run(rt, run_id, caller).as_dict() | {"derived_runs": rt.control.derived_runs(run_id)}
 
 
 @router.get("/v1/runs/{run_id}/journal")
 def journal(run_id: str, caller: Auth, rt: Rt, after: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
     """The run's journal events after `after` (a seq), as JSON."""
     own_run(rt, run_id, caller)
-    return {"events": [e.as_dict() for e in rt.journal.events(run_id, after)]}
+    return {"events": [e.as_dict() for e in rt.control.events(run_id, after)]}
 
 
 @router.post("/v1/runs/{run_id}/cancel")
@@ -91,7 +91,7 @@ def waterfall(run_id: str, caller: Auth, rt: Rt) -> dict[str, Any]:
     plan's unrun nodes as skipped rows, and the run's graph laid out as a DAG (what the dashboard
     draws, docs/api.md, "The dashboard")."""
     run = own_run(rt, run_id, caller)
-    return drawn(rt, run, rt.journal.events(run_id))
+    return drawn(rt, run, rt.control.events(run_id))
 
 
 @router.get("/v1/runs/{run_id}/anomalies")
@@ -99,10 +99,10 @@ def run_anomalies(run_id: str, caller: Auth, rt: Rt,
                   limit: Annotated[int, Query(ge=1, le=500)] = 100) -> dict[str, Any]:
     """The anomalies journaled for the run (docs/anomalies.md), newest first."""
     own_run(rt, run_id, caller)
-    return {"anomalies": rt.journal.anomalies(run_id=run_id, limit=limit)}
+    return {"anomalies": rt.control.anomalies(run_id=run_id, limit=limit)}
 
 
 @router.get("/v1/anomalies")
 def anomalies(caller: Auth, rt: Rt, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> dict[str, Any]:
     """The anomalies of every run of the caller's tenant, newest first."""
-    return {"anomalies": rt.journal.anomalies(tenant_id=caller.tenant_id, limit=limit)}
+    return {"anomalies": rt.control.anomalies(tenant_id=caller.tenant_id, limit=limit)}

@@ -55,7 +55,7 @@ def step_panel(run_id: str, step_id: Annotated[str, Path(max_length=256)], calle
     idempotency key and outcome), receipts and approval. 404 for a step neither journaled nor in
     the plan, as for another tenant's run."""
     run = own_run(rt, run_id, caller)
-    events = rt.journal.events(run_id)
+    events = rt.control.events(run_id)
     mine = [e for e in events if e.step_id == step_id]
     whole = drawn(rt, run, events)
     row = next((r for r in whole["rows"] if r["step_id"] == step_id), None)
@@ -76,7 +76,7 @@ def step_panel(run_id: str, step_id: Annotated[str, Path(max_length=256)], calle
         "error": failed.payload.get("error") if failed else None,
         "attempts": attempts, "dead": (row or {}).get("dead", []),
         "idempotency_key": attempts[-1]["idempotency_key"] if attempts else None,
-        "receipts": [_receipt(r) for r in rt.journal.receipts(run_id) if r["step_id"] == step_id],
+        "receipts": [_receipt(r) for r in rt.control.receipts(run_id) if r["step_id"] == step_id],
         "approval": (row or {}).get("approval"), "child_run_id": (row or {}).get("child_run_id"),
     }
 

@@ -79,7 +79,7 @@ async def journal_stream(rt: Runtime, run_id: str, after: int, woken: asyncio.Ev
             if not await anyio.to_thread.run_sync(token_live):
                 return  # revoked: a browser's EventSource reconnects and gets its 401
             recheck_at = loop.time() + TOKEN_RECHECK_SECONDS
-        batch = await anyio.to_thread.run_sync(rt.journal.events, run_id, last)
+        batch = await anyio.to_thread.run_sync(rt.control.events, run_id, last)
         for event in batch:
             last = event.seq
             yield {"id": str(event.seq), "event": event.kind, "data": json.dumps(event.as_dict())}
@@ -93,8 +93,8 @@ async def journal_stream(rt: Runtime, run_id: str, after: int, woken: asyncio.Ev
 async def _ended(rt: Runtime, run_id: str, last: int) -> bool:
     """Whether the run is over and nothing came after `last`: a stream resumed after the terminal
     event would never see one. The second read catches events that landed after the batch's."""
-    run = await anyio.to_thread.run_sync(rt.journal.get_run, run_id)
-    return run.terminal and not await anyio.to_thread.run_sync(rt.journal.events, run_id, last)
+    run = await anyio.to_thread.run_sync(rt.control.get_run, run_id)
+    return run.terminal and not await anyio.to_thread.run_sync(rt.control.events, run_id, last)
 
 
 async def _wait_for_more(woken: asyncio.Event | None) -> None:

@@ -50,7 +50,7 @@ def doctor(
     as_json: common.AsJson = False,
 ) -> None:
     """Check the journal against its invariants; exit 0 only when it is clean (1 otherwise)."""
-    found = common.checked(lambda: common.client().runtime.journal.violations())
+    found = common.checked(lambda: common.client().runtime.control.violations())
     if as_json:
         common.print_json([v.as_dict() for v in found])
     else:

@@ -150,7 +150,7 @@ def _crash_and_recover(client: Any, watch: _Watch, run_id: str, worker: subproce
 
     def lease_lapsed() -> bool:
         watch.drain()
-        lease = client.runtime.journal.get_lease(run_id)
+        lease = client.runtime.control.get_lease(run_id)
         return lease is None or lease.expires_at <= utcnow()
 
     if not wait_until(lease_lapsed, timeout):

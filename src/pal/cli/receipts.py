@@ -58,10 +58,8 @@ def receipts_keygen(
 
 
 def _bundle(run_id: str) -> bytes:
-    from pal.engine.run_receipts import issue_receipt
-
     client = common.client()
-    return common.checked(lambda: issue_receipt(client.runtime.journal, client.runtime.settings, run_id))
+    return common.checked(lambda: client.runtime.control.issue_receipt(run_id))
 
 
 @receipts_app.command("show")
@@ -131,12 +129,6 @@ def receipts_verify(
 
 
 def _check_live(database_url: str, verified: Verified) -> None:
-    from pal.engine.run_receipts import check_live
-    from pal.storage.database import create_engine
-    from pal.storage.journal import Journal
+    from pal.engine.control import check_live_at
 
-    engine = create_engine(database_url)
-    try:
-        common.checked(lambda: check_live(Journal(engine), verified))
-    finally:
-        engine.dispose()
+    common.checked(lambda: check_live_at(database_url, verified))

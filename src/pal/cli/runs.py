@@ -200,7 +200,7 @@ def runs_anomalies(
 @runs_app.command("vms")
 def runs_vms(run_id: str, as_json: common.AsJson = False) -> None:
     """List the VMs of a microVM run, one per attempt (docs/isolated-tier.md)."""
-    found = common.checked(lambda: [v.as_dict() for v in common.client().runtime.journal.vms(run_id)])
+    found = common.checked(lambda: [v.as_dict() for v in common.client().runtime.control.vms(run_id)])
     common.print_rows(found, as_json, f"run {run_id} has no VMs",
                       lambda v: f"attempt {v['attempt']}  {v['id']}  {v['state']:<10} {v['driver']}  "
                                 f"host {v['host'] or '-'}  pid {v['pid'] or '-'}  exit {v['exit_code']}"
@@ -215,7 +215,7 @@ def runs_stuck(
     from pal.core.clock import utcnow
 
     now = utcnow()
-    stuck = common.checked(lambda: common.client().runtime.journal.stuck_runs(now=now))
+    stuck = common.checked(lambda: common.client().runtime.control.stuck_runs(now=now))
     rows = [
         {"id": run.id, "status": run.status,
          "lease_expired_for_s": round((now - lease.expires_at).total_seconds(), 1) if lease else None,

@@ -23,7 +23,7 @@ def tokens_create(
 
     common.check_tenant(tenant)
     try:
-        token_id, secret = common.client().runtime.journal.create_token(tenant_id=tenant, name=name[:128],
+        token_id, secret = common.client().runtime.control.create_token(tenant_id=tenant, name=name[:128],
                                                                   now=utcnow())
     except PalError as exc:
         common.fail(str(exc), common.exit_code(exc))
@@ -41,7 +41,7 @@ def tokens_revoke(token_id: str) -> None:
     """Revoke a token at once."""
     from pal.core.clock import utcnow
 
-    if not common.client().runtime.journal.revoke_token(token_id=token_id, now=utcnow()):
+    if not common.client().runtime.control.revoke_token(token_id=token_id, now=utcnow()):
         common.fail(f"no live token {token_id!r}", EXIT_NOT_FOUND)
     typer.echo(f"token {token_id} revoked")
 
@@ -49,6 +49,6 @@ def tokens_revoke(token_id: str) -> None:
 @tokens_app.command("list")
 def tokens_list() -> None:
     """List tokens (never their secrets)."""
-    for row in common.client().runtime.journal.list_tokens():
+    for row in common.client().runtime.control.list_tokens():
         state = f"revoked {row['revoked_at']:%Y-%m-%d %H:%M}" if row["revoked_at"] else "live"
         typer.echo(f"{row['id']}  tenant {row['tenant_id']}  {row['name']}  {state}")

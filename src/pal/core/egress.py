@@ -4,8 +4,8 @@ A graph's `connector` node names its own URL, so without a guard any graph autho
 worker call its loopback admin ports, the cloud metadata service or the private network, read
 the answer back through the journal, and port-scan by error text (docs/side-effects.md). The guard:
 
-1. resolves the host once (`resolve`, getaddrinfo; `localhost` names are loopback by definition
-   and never asked of a resolver),
+1. resolves the host once (pal.nodes.egress_dns.resolve, getaddrinfo; `localhost` names are
+   loopback by definition and never asked of a resolver),
 2. refuses the target when ANY resolved address is not public (`refusal_reason`: loopback, private,
    link-local, multicast, unspecified, reserved, CGNAT, cloud metadata, and the IPv6 forms that
    embed one of those IPv4 addresses), unless the operator's PAL_EGRESS_ALLOW covers it (`decide`),
@@ -13,7 +13,8 @@ the answer back through the journal, and port-scan by error text (docs/side-effe
    so a DNS answer that changes between the check and the connection (DNS rebinding) cannot
    redirect it.
 
-The decision (`refusal_reason`, `decide`, `parse_allow_list`) is pure, tested without any traffic.
+This module holds the decision (`refusal_reason`, `decide`, `parse_allow_list`), pure and tested
+without any traffic; pal.nodes.egress_dns asks the resolver and applies it (`check`).
 A refusal raises `EgressRefused` before anything is claimed or sent: it says nothing about whether
 a port is open, since no connection was attempted.
 """
@@ -21,7 +22,6 @@ a port is open, since no connection was attempted.
 from __future__ import annotations
 
 import ipaddress
-import logging
 import re
 import socket
 from collections.abc import Iterable, Sequence
@@ -29,8 +29,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from pal.errors import ConfigError, DeliveryError, StepError
-
-log = logging.getLogger(__name__)
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -227,7 +225,7 @@ def parse_allow_list(entries: str | Iterable[str]) -> tuple[AllowEntry, ...]:
 
 
 @lru_cache(maxsize=32)
-def _cached_allow_list(entries: tuple[str, ...]) -> tuple[AllowEntry, ...]:
+def cached_allow_list(entries: tuple[str, ...]) -> tuple[AllowEntry, ...]:  # parsed once per list
     return parse_allow_list(entries)
 
 
@@ -254,53 +252,3 @@ def decide(host: str, port: int, addresses: Sequence[Address],
         if why is not None and not any(entry.covers_address(address, port) for entry in allow):
             return why
     return None
-
-
-_LOCALHOST = (ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv6Address("::1"))
-
-
-def resolve(host: str, port: int, *, numeric_only: bool = False) -> tuple[Address, ...]:
-    """The addresses a connection to (`host`, `port`) could reach, in the resolver's order.
-
-    Asked with AI_NUMERICHOST first, so an address literal in any spelling the C library accepts
-    (127.1, 2130706433, 0x7f000001, ::ffff:127.0.0.1) is read without a DNS query; `numeric_only`
-    stops there. Raises Unresolvable when the name does not resolve."""
-    if is_localhost_name(normalize_host(host)):
-        return _LOCALHOST
-    # The name as the URL gave it: without its trailing dot a resolver could append search domains.
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
-    except (socket.gaierror, UnicodeError):
-        if numeric_only:
-            raise Unresolvable(f"{host!r} is not an address literal") from None
-        try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except (socket.gaierror, UnicodeError) as exc:
-            raise Unresolvable(f"cannot resolve {host!r}: {exc}") from None
-    addresses: list[Address] = []
-    for family, _type, _proto, _name, sockaddr in infos:
-        if family not in (socket.AF_INET, socket.AF_INET6):
-            continue
-        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])  # a scope id is not an address
-        if address not in addresses:
-            addresses.append(address)
-    if not addresses:
-        raise Unresolvable(f"cannot resolve {host!r}: no IPv4 or IPv6 address")
-    return tuple(addresses)
-
-
-def check(host: str, port: int, allow_entries: tuple[str, ...]) -> tuple[Address, ...]:
-    """Resolve the target and apply the guard: the addresses to connect to, in order.
-
-    Raises EgressRefused (nothing may be sent) or Unresolvable (nothing could be sent)."""
-    addresses = resolve(host, port)
-    why = decide(host, port, addresses, _cached_allow_list(allow_entries))
-    if why is not None:
-        # The operator's log names the addresses; the step's error (which graph authors read) does
-        # not, so it cannot be used to map what internal names resolve to.
-        log.warning("egress refused: %s port %d resolves to %s (%s)", host, port,
-                    ", ".join(map(str, addresses)), why)
-        raise EgressRefused(
-            f"egress refused: {host!r} port {port} is not a public address ({why}); graphs may not "
-            "reach it unless the operator allows it in PAL_EGRESS_ALLOW (nothing was sent)")
-    return addresses

@@ -1,7 +1,7 @@
 """The words of the journal: run statuses, event kinds, lock-row markers and receipt states.
 
 Each is a `StrEnum`, so a member is the very string stored in Postgres and sent over JSON, and
-compares equal to it; code names the member, never the literal (docs/architecture.md, "Journal").
+compares equal to it; code names the member, never the literal (docs/architecture.md, "Tables").
 """
 
 from __future__ import annotations

@@ -128,8 +128,8 @@ def _evaluate(rt: Runtime, run: RunRecord, ctx: StepContext, generation: int, po
         evaluated["error"] = redact_bounded(failure, 500)  # journaled: redacted, then cut
     if bypassed is not None:
         evaluated["bypassed"] = bypassed
-    kept = rt.journal.record_confidence(rt.fence(run.id, generation), ctx.step_id, ctx.attempt, evaluated,
-                                        usage)
+    kept = rt.journal.confidence.record_confidence(rt.fence(run.id, generation), ctx.step_id, ctx.attempt,
+                                                   evaluated, usage)
     faults.point("after_confidence_commit", ctx.step_id, run.id)
     log.info("run %s step %s: confidence %s (threshold %s): %s%s", run.id, ctx.step_id, evaluated["score"],
              policy.threshold, chosen, f", bypassed ({bypassed})" if bypassed else "")

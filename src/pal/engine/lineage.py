@@ -64,7 +64,7 @@ def _fixed(rt: Runtime, source: RunRecord, graph: Any) -> Plan:
         raise InputError(f"only a graph run retries with a fixed graph (run {source.id} is a "
                          f"{source.kind} run, the new document a {plan.kind} run)")
     old, new = _definitions(source.graph), _definitions(plan.document)
-    for event in rt.journal.events(source.id):
+    for event in rt.journal.runs.events(source.id):
         if event.kind != EventKind.STEP_COMPLETED or event.step_id is None:
             continue
         node = node_of(event.step_id)
@@ -122,7 +122,7 @@ def node_of(step_id: str) -> str:
 
 
 def _source(rt: Runtime, run_id: str, tenant_id: str | None) -> RunRecord:
-    source = rt.journal.get_run(run_id, tenant_id=tenant_id)
+    source = rt.journal.runs.get_run(run_id, tenant_id=tenant_id)
     if source.kind == "microvm":
         raise Refused(f"run {run_id} is a microVM run: its workload orders its own steps "
                       "(docs/isolated-tier.md); start a new run instead")
@@ -130,7 +130,7 @@ def _source(rt: Runtime, run_id: str, tenant_id: str | None) -> RunRecord:
 
 
 def _create(rt: Runtime, request: DerivedRequest, program: Program | None = None) -> Derived:
-    derived = rt.journal.create_derived_run(
+    derived = rt.journal.lineage.create_derived_run(
         request, frontier=_frontier(rt, program), now=utcnow(), lease_ttl=rt.settings.lease_ttl,
         max_in_flight=rt.settings.max_runs_in_flight)
     for step_id in derived.dispatch:  # after the commit, as start_run publishes a first step

@@ -22,7 +22,7 @@ class JournalReceipts:
 
     # What a receipt records is redacted (pal.core.redact): a target URL may carry credentials.
     def claim(self, effect_kind: str, target: str) -> Receipt:
-        return self._rt.journal.claim_receipt(
+        return self._rt.journal.receipts.claim_receipt(
             self._rt.fence(self._run_id, self._generation), key=self._key, step_id=self._step_id,
             attempt=self._attempt, effect_kind=effect_kind, target=redact_text(target))
 
@@ -30,8 +30,9 @@ class JournalReceipts:
         # An error's text is redacted; a delivered response is the step's own data, so only the
         # secret values a receiver may echo are replaced, as in the step's output.
         response = redact(response) if status != "delivered" else scrub_known(response)
-        self._rt.journal.settle_receipt(key=self._key, status=status, response=response, now=utcnow())
+        self._rt.journal.receipts.settle_receipt(key=self._key, status=status, response=response,
+                                                 now=utcnow())
 
     def in_doubt(self, detail: Any) -> None:
-        self._rt.journal.mark_in_doubt(self._rt.fence(self._run_id, self._generation), self._step_id,
-                                       self._attempt, redact(detail))
+        self._rt.journal.steps.mark_in_doubt(self._rt.fence(self._run_id, self._generation), self._step_id,
+                                             self._attempt, redact(detail))

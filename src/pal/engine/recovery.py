@@ -56,7 +56,7 @@ def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True, allow_idl
     A finished run, or one whose lease is still live (when `require_expired`), is left alone.
     """
 
-    recovery = rt.journal.recover_run(
+    recovery = rt.journal.recovery.recover_run(
         run_id=run_id, worker_id=f"recovery:{rt.worker_id}", now=now or utcnow(),
         lease_ttl=lease_ttl, plan=_replay_plan(rt), require_expired=require_expired,
         allow_idle=allow_idle, redeliver_after=redelivery_gap(rt.settings),
@@ -74,7 +74,7 @@ def _trace_takeover(rt: Runtime, run_id: str, recovery: Recovery, now: datetime)
     if tracing is None:
         return
     try:
-        end_generation(tracing, rt.journal, rt.journal.get_run(run_id), recovery.generation - 1, now,
+        end_generation(tracing, rt.journal, rt.journal.runs.get_run(run_id), recovery.generation - 1, now,
                        outcome="taken_over", lost=True)
     except PalError:  # a trace is never worth failing a recovery
         log.warning("run %s: the root span of generation %d was not written", run_id,
@@ -103,7 +103,7 @@ def sweep(rt: Runtime, now: datetime | None = None) -> SweepReport:
     """One pass of the orphan sweep."""
     now = now or utcnow()
     report = SweepReport()
-    orphans = rt.journal.orphaned_runs(now=now, limit=SWEEP_BATCH)
+    orphans = rt.journal.recovery.orphaned_runs(now=now, limit=SWEEP_BATCH)
     report.found = len(orphans)
     # The pass's messages go out together at its end: one broker round trip instead of two per
     # message. Each is published only after its run's recovery committed, as before; a pass that
@@ -112,7 +112,7 @@ def sweep(rt: Runtime, now: datetime | None = None) -> SweepReport:
         _redrive_all(rt, orphans, now, report)
         _redeliver_all(rt, now, report)
     report.microvm = resume_microvm_runs(rt, now, SWEEP_BATCH)
-    for run_id in rt.journal.due_waiting_runs(now=now, limit=SWEEP_BATCH):
+    for run_id in rt.journal.waits.due_waiting_runs(now=now, limit=SWEEP_BATCH):
         try:
             report.woken[run_id] = wake(rt, run_id, now=now)
         except PalError:
@@ -126,7 +126,7 @@ def _redrive_all(rt: Runtime, orphans: list[str], now: datetime, report: SweepRe
     if not orphans:
         return
     try:
-        recoveries = rt.journal.recover_orphans(
+        recoveries = rt.journal.recovery.recover_orphans(
             run_ids=orphans, worker_id=f"recovery:{rt.worker_id}", now=now,
             lease_ttl=RECOVERY_LEASE_SECONDS, plan=_replay_plan(rt),
             redeliver_after=redelivery_gap(rt.settings))
@@ -159,10 +159,10 @@ def _redrive_one_by_one(rt: Runtime, orphans: list[str], now: datetime, report: 
 
 
 def _redeliver_all(rt: Runtime, now: datetime, report: SweepReport) -> None:
-    for run_id in rt.journal.redeliverable_runs(now=now, limit=SWEEP_BATCH):
+    for run_id in rt.journal.recovery.redeliverable_runs(now=now, limit=SWEEP_BATCH):
         try:
-            again = rt.journal.redeliver(run_id=run_id, now=now, min_gap=redelivery_gap(rt.settings),
-                                         plan=_replay_plan(rt))
+            again = rt.journal.recovery.redeliver(run_id=run_id, now=now, min_gap=redelivery_gap(rt.settings),
+                                                  plan=_replay_plan(rt))
         except PalError:
             log.exception("sweep: redelivery of run %s failed; the next pass retries", run_id)
             continue
@@ -182,7 +182,7 @@ def resume(rt: Runtime, run_id: str, now: datetime | None = None) -> Recovery:
     running under a live lease, since taking that over could run the step twice.
     """
     now = now or utcnow()
-    run = rt.journal.get_run(run_id)
+    run = rt.journal.runs.get_run(run_id)
     if run.terminal:
         raise ResumeRefused(f"run {run_id} is {run.status}; there is nothing to resume")
     if run.status not in ("queued", "running"):

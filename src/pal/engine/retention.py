@@ -85,7 +85,7 @@ def prune_runs(journal: Journal, settings: Settings, query: PruneQuery, *, dry_r
 
     started, totals, cursor = time.monotonic(), PruneTotals(), None
     while True:
-        batch = journal.prune_batch(query, after=cursor, now=utcnow(), dry_run=dry_run, sign=sign)
+        batch = journal.retention.prune_batch(query, after=cursor, now=utcnow(), dry_run=dry_run, sign=sign)
         if batch.cursor is None:
             return totals
         totals, cursor = totals.add(batch, time.monotonic() - started), batch.cursor

@@ -48,20 +48,20 @@ def issue_receipt(journal: Journal, settings: Settings, run_id: str, tenant_id: 
     Refused while the run is in flight, ReceiptsOff. A run pruned with --keep-receipts answers
     the bundle kept when it was deleted, signing key or not (docs/retention.md)."""
     try:
-        run = journal.get_run(run_id, tenant_id=tenant_id)
+        run = journal.runs.get_run(run_id, tenant_id=tenant_id)
     except RunNotFound:
         return _kept(journal, run_id, tenant_id)
     key = signing_key(settings)
     if run.status not in TERMINAL_STATUSES:
         raise Refused(f"run {run_id} is {run.status}: its receipt is issued once it has finished")
-    events = journal.events(run_id)
+    events = journal.runs.events(run_id)
     if not events:  # pruned between the two reads: a finished run's journal goes all at once
         return _kept(journal, run_id, tenant_id)
     return issue(run, events, key)
 
 
 def _kept(journal: Journal, run_id: str, tenant_id: str | None) -> bytes:
-    kept = journal.pruned_receipt(run_id, tenant_id=tenant_id)
+    kept = journal.retention.pruned_receipt(run_id, tenant_id=tenant_id)
     if kept is None:
         raise RunNotFound(f"no run {run_id!r}")
     return kept
@@ -70,11 +70,11 @@ def _kept(journal: Journal, run_id: str, tenant_id: str | None) -> bytes:
 def check_live(journal: Journal, verified: Verified) -> None:
     """A verified bundle against the journal as it is now: ReceiptInvalid("chain_mismatch") when
     the run's status or any of its events differs from what was signed."""
-    run = journal.get_run(verified.run_id)
+    run = journal.runs.get_run(verified.run_id)
     if run.status != verified.status:
         raise ReceiptInvalid("chain_mismatch", f"the journal says run {run.id} is {run.status}; the "
                                                f"receipt signed {verified.status}")
-    from_journal = [event_fields(e) for e in journal.events(run.id)]
+    from_journal = [event_fields(e) for e in journal.runs.events(run.id)]
     try:
         check_chain(run.id, verified.status, verified.statement["predicate"]["journal"], from_journal,
                     verified.links if len(from_journal) == len(verified.links) else None)

@@ -82,7 +82,7 @@ def start_run(
     if problems:
         raise InputError("; ".join(problems))
     plan = rt.validated_plan(graph)
-    record, created = rt.journal.create_run(
+    record, created = rt.journal.runs.create_run(
         run_id=run_id or new_run_id(), tenant_id=tenant_id or settings.tenant, kind=plan.kind,
         graph=plan.document, graph_hash=plan.hash, run_input=run_input, now=utcnow(),
         lease_ttl=settings.lease_ttl, max_in_flight=settings.max_runs_in_flight,
@@ -107,15 +107,15 @@ def start_child_run(rt: Runtime, parent_run_id: str, step_id: str, attempt: int,
 
     The child's input is stored with each secret value the worker knows replaced by its placeholder,
     which the child's steps resolve again when they run (pal.core.secrets.hand_on and reveal)."""
-    parent = rt.journal.get_run(parent_run_id)
+    parent = rt.journal.runs.get_run(parent_run_id)
     child_id = child_run_id(parent_run_id, step_id, attempt)
-    if not rt.journal.run_exists(child_id):  # a re-driven parent asking again is not new work
+    if not rt.journal.runs.run_exists(child_id):  # a re-driven parent asking again is not new work
         _check_room_for_a_child(rt, parent)
     child_input = check_run_input(secrets.hand_on(child_input), rt.settings.max_input_bytes,
                                   rt.settings.max_json_depth)
     plan = parse_plan(document, known_tools=registered_tools(), max_bytes=rt.settings.max_graph_bytes,
                       max_depth=rt.settings.max_json_depth)
-    record, created = rt.journal.create_run(
+    record, created = rt.journal.runs.create_run(
         run_id=child_id, tenant_id=parent.tenant_id, kind=plan.kind,
         graph=plan.document, graph_hash=plan.hash, run_input=child_input, now=utcnow(),
         lease_ttl=rt.settings.lease_ttl, parent_run_id=parent_run_id, parent_step_id=step_id,
@@ -130,12 +130,12 @@ def _check_room_for_a_child(rt: Runtime, parent: RunRecord) -> None:
     """WorkLimitExceeded when a new child of `parent` would nest deeper than PAL_MAX_RUN_DEPTH or
     put more than PAL_MAX_CHILD_RUNS under its top-level run. Concurrent creations in one tree may
     overshoot the count by the number of them in flight at once (docs/security.md)."""
-    ancestors = rt.journal.ancestors(parent.id)
+    ancestors = rt.journal.runs.ancestors(parent.id)
     if len(ancestors) + 1 > rt.settings.max_run_depth:
         raise WorkLimitExceeded(f"a child of run {parent.id} would be nested {len(ancestors) + 1} deep, "
                                 f"deeper than PAL_MAX_RUN_DEPTH allows ({rt.settings.max_run_depth})")
     root = ancestors[-1] if ancestors else parent.id
-    existing = rt.journal.descendant_count(root)
+    existing = rt.journal.runs.descendant_count(root)
     if existing >= rt.settings.max_child_runs:
         raise WorkLimitExceeded(f"run {root} already has {existing} child runs, the most "
                                 f"PAL_MAX_CHILD_RUNS allows ({rt.settings.max_child_runs})")
@@ -145,8 +145,8 @@ def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None,
            now: datetime | None = None) -> list[str]:
     """Cancel a run and its unfinished descendants; each journals `run_cancelled` once. A parent
     waiting on a cancelled run is woken (its subagent step then fails)."""
-    run = rt.journal.get_run(run_id)
-    cancelled = rt.journal.cancel_run(run_id=run_id, now=now or utcnow(), by=by, reason=reason)
+    run = rt.journal.runs.get_run(run_id)
+    cancelled = rt.journal.runs.cancel_run(run_id=run_id, now=now or utcnow(), by=by, reason=reason)
     if run.parent_run_id:
         wake_quietly(rt, run.parent_run_id)
     return cancelled

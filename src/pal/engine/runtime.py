@@ -26,6 +26,7 @@ from pal.core.lru import Lru
 from pal.core.records import Fence, RunRecord
 from pal.engine import builtin_tools  # noqa: F401  (registers the built-in tools)
 from pal.engine.async_steps import AsyncSteps
+from pal.engine.control import ControlPlane
 from pal.engine.heartbeat import LeaseKeeper
 from pal.engine.tracing import Tracing, configured
 from pal.errors import GraphError, PalError
@@ -102,12 +103,22 @@ class Runtime:
         load_tool_modules(settings.tool_modules)
 
     def _renew_lease(self, run_id: str, generation: int) -> bool:
-        return self.journal.renew_lease(self.fence(run_id, generation))
+        return self.journal.steps.renew_lease(self.fence(run_id, generation))
 
     @cached_property
     def journal(self) -> Journal:
         return Journal(shared_engine(self.settings.database_url, self.settings.db_pool_size),
                        program_of=program_of)
+
+    def release_connections(self) -> None:
+        """Close the journal's pooled connections, if it was ever opened (it reconnects on demand)."""
+        if "journal" in self.__dict__:
+            self.journal.engine.dispose()
+
+    @cached_property
+    def control(self) -> ControlPlane:
+        """What the API, the CLI and pal.Client read and manage (never the journal itself)."""
+        return ControlPlane(self.journal, self.settings)
 
     def uses_secrets(self, run: RunRecord) -> bool:
         """Whether the run's plan mentions `secrets` at all, or it is a child run its parent handed
@@ -122,10 +133,10 @@ class Runtime:
 
     def doorbell_signature(self, run_id: str, step_id: str, generation: int) -> str:
         """The signature a `pal.execute_node` message of PAL's carries (pal.core.doorbell)."""
-        return doorbell.sign(self.journal.fence_key, run_id, step_id, generation)
+        return doorbell.sign(self.journal.tokens.fence_key, run_id, step_id, generation)
 
     def doorbell_is_genuine(self, run_id: str, step_id: str, generation: int, signature: object) -> bool:
-        return doorbell.verify(self.journal.fence_key, run_id, step_id, generation, signature)
+        return doorbell.verify(self.journal.tokens.fence_key, run_id, step_id, generation, signature)
 
     def fence(self, run_id: str, generation: int) -> Fence:
         """This process's fence for a write of `generation` now (the lease runs PAL_LEASE_TTL on)."""
@@ -167,7 +178,7 @@ class Runtime:
                 continue
             if successor == claimed and self.own_messages is not None:
                 if not self.own_messages.publish_and_take(run_id, successor, generation, built=message):
-                    self.journal.drop_claimed_ahead()
+                    self.journal.steps.drop_claimed_ahead()
             elif message is not None:
                 self.publish(run_id, successor, generation, built=message)
             else:
@@ -233,7 +244,7 @@ class Runtime:
         cached = self._baselines.get(key)
         now = time.monotonic()
         if cached is None or now - cached[0] > _BASELINE_CACHE_SECONDS:
-            cached = (now, self.journal.baselines(tenant_id, graph_hash))
+            cached = (now, self.journal.baselines.baselines(tenant_id, graph_hash))
             self._baselines.put(key, cached)
         return cached[1]
 

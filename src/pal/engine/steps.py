@@ -87,7 +87,7 @@ def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int,
 
 def _execute(rt: Runtime, run_id: str, step_id: str, generation: int, sent_at: float | None) -> StepResult:
     settings, journal = rt.settings, rt.journal
-    claim = _once_more_if_disconnected(lambda: journal.claim_step(
+    claim = _once_more_if_disconnected(lambda: journal.steps.claim_step(
         rt.fence(run_id, generation), step_id,
         ready=lambda run, completed: rt.program_of(run).is_ready(completed, step_id),
         needs=lambda run, completed: rt.program_of(run).needs(completed, step_id)))
@@ -139,7 +139,7 @@ def _traced(rt: Runtime, tracing: Tracing, claim: Claim, step_id: str, generatio
 def _end_generation(rt: Runtime, tracing: Tracing, claim: Claim, generation: int, result: StepResult) -> None:
     assert claim.run is not None
     try:
-        run = rt.journal.get_run(claim.run.id)
+        run = rt.journal.runs.get_run(claim.run.id)
         end_generation(tracing, rt.journal, run, generation, utcnow(),
                        outcome=run.status if result.finished else "waiting")
     except PalError:  # a trace is never worth failing a step that has committed
@@ -302,7 +302,7 @@ def _complete(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generatio
                         exc_info=True)
 
     try:
-        handoff = _once_more_if_disconnected(lambda: rt.journal.complete_step(
+        handoff = _once_more_if_disconnected(lambda: rt.journal.steps.complete_step(
             rt.fence(run.id, generation), step_id, attempt, result.output,
             plan=lambda completed: program.handoff(completed, step_id), usage=result.usage,
             frontier=program.redrive_steps, claim_next=claim_next, meanwhile=build))
@@ -346,8 +346,9 @@ def _park(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: i
           program: Program) -> StepResult:
     """Journal `step_waiting` and, when nothing else is in flight, park the run."""
     try:
-        parked = rt.journal.park_step(rt.fence(run.id, generation), step_id, attempt, payload=park.payload,
-                                      wake_at=park.wake_at, frontier=program.redrive_steps)
+        parked = rt.journal.waits.park_step(rt.fence(run.id, generation), step_id, attempt,
+                                            payload=park.payload, wake_at=park.wake_at,
+                                            frontier=program.redrive_steps)
     except LeaseLost:
         log.warning("run %s step %s: fenced out (generation %d)", run.id, step_id, generation)
         return StepResult("fenced")
@@ -367,7 +368,7 @@ def _stopped_by_budget(rt: Runtime, run: RunRecord, step_id: str, attempt: int, 
                        over: Breach) -> StepResult:
     """End the run `run_failed {code: budget_exceeded}` through the usual exactly-once path."""
     error = budget_failure(over)
-    failed = rt.journal.fail_step(rt.fence(run.id, generation), step_id, attempt, error)
+    failed = rt.journal.steps.fail_step(rt.fence(run.id, generation), step_id, attempt, error)
     log.warning("run %s: stopped by its budget before step %s: %s", run.id, step_id,
                 over.as_payload()["message"])
     if failed:
@@ -389,8 +390,8 @@ def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: in
     error = failure_payload(exc)
     decision = retry.decide(policy, attempt - paused, error["class"])
     if decision.retry:
-        kept = journal.retry_step(rt.fence(run_id, generation), step_id, attempt, of=policy.max_attempts,
-                                  error=error, backoff_s=decision.backoff_s)
+        kept = journal.steps.retry_step(rt.fence(run_id, generation), step_id, attempt,
+                                        of=policy.max_attempts, error=error, backoff_s=decision.backoff_s)
         if not kept:
             return StepResult("fenced")
         faults.point("after_retry_commit", step_id, run_id)
@@ -403,7 +404,7 @@ def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: in
         return StepResult("retrying", (step_id,), error=error)
     if policy.max_attempts > 1:
         error["retry"] = decision.reason
-    failed = journal.fail_step(rt.fence(run_id, generation), step_id, attempt, error)
+    failed = journal.steps.fail_step(rt.fence(run_id, generation), step_id, attempt, error)
     if not failed:
         log.info("run %s step %s failed, but its write was fenced out: %s", run_id, step_id, exc)
         return StepResult("fenced", error=error)

@@ -245,11 +245,11 @@ def end_generation(tracing: Tracing, journal: Journal, run: RunRecord, generatio
         return
     started, resumed, previous, caller = run.created_at, 0, None, None
     if generation == 1:
-        queued = journal.events(run.id, limit=1)
+        queued = journal.runs.events(run.id, limit=1)
         if queued and isinstance(queued[0].payload, dict):
             caller = parse_traceparent(queued[0].payload.get("traceparent"))
     else:
-        events = journal.events(run.id)
+        events = journal.runs.events(run.id)
         began = [e for e in events if e.generation == generation]
         previous = max((e.generation for e in events if e.generation < generation), default=None)
         if began:

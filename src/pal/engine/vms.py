@@ -48,7 +48,7 @@ def token_hash(token: str) -> str:
 
 def start_vm(rt: Runtime, run_id: str) -> None:
     """Schedule the first VM of a new microVM run (nothing when it has one: a repeated start)."""
-    order = rt.journal.first_vm(run_id=run_id, now=utcnow())
+    order = rt.journal.vms.first_vm(run_id=run_id, now=utcnow())
     if order is not None:
         rt.publish_vm(order.vm_id)
 
@@ -58,10 +58,10 @@ def resume_microvm_runs(rt: Runtime, now: datetime, limit: int) -> dict[str, str
     each. Returns run id -> what was decided."""
     decided: dict[str, str] = {}
     stale_after = 2 * rt.settings.lease_ttl
-    for run_id in rt.journal.orphaned_microvm_runs(now=now, limit=limit):
+    for run_id in rt.journal.recovery.orphaned_microvm_runs(now=now, limit=limit):
         try:
-            action, order = rt.journal.resume_microvm_run(run_id=run_id, now=now, stale_after=stale_after,
-                                                          boot_lease=stale_after)
+            action, order = rt.journal.vms.resume_microvm_run(run_id=run_id, now=now, stale_after=stale_after,
+                                                              boot_lease=stale_after)
         except PalError:
             log.exception("sweep: resuming microVM run %s failed; the next pass retries", run_id)
             continue
@@ -83,8 +83,8 @@ def _trace_vm_takeover(rt: Runtime, run_id: str, order: VmOrder | None, now: dat
     if tracing is None:
         return
     try:
-        run = rt.journal.get_run(run_id)
-        vms = rt.journal.vms(run_id)
+        run = rt.journal.runs.get_run(run_id)
+        vms = rt.journal.vms.vms(run_id)
         lost = [v for v in vms if order is None or v.id != order.vm_id]
         if lost:
             end_generation(tracing, rt.journal, run, lost[-1].generation, now,
@@ -97,8 +97,8 @@ def spawn_vm(rt: Runtime, vm_id: str) -> str:
     """The VM queue's task on a VM host: take the pending VM, make its report token (only its hash
     is stored), and start the harness through the VM's driver."""
     token = secrets.token_urlsafe(32)
-    order = rt.journal.take_vm(vm_id=vm_id, host=socket.gethostname(), token_hash=token_hash(token),
-                               now=utcnow())
+    order = rt.journal.vms.take_vm(vm_id=vm_id, host=socket.gethostname(), token_hash=token_hash(token),
+                                   now=utcnow())
     if order is None:
         return "not pending"  # a duplicate message, or reconciled meanwhile
     try:
@@ -106,9 +106,9 @@ def spawn_vm(rt: Runtime, vm_id: str) -> str:
             order, token, place=placement(rt, order))
     except (DriverError, OSError) as exc:
         log.exception("VM %s of run %s did not start", vm_id, order.run_id)
-        rt.journal.vm_failed_to_start(vm_id=vm_id, error=str(exc), now=utcnow())
+        rt.journal.vms.vm_failed_to_start(vm_id=vm_id, error=str(exc), now=utcnow())
         return "failed"
-    rt.journal.vm_started(vm_id=vm_id, pid=pid, now=utcnow())
+    rt.journal.vms.vm_started(vm_id=vm_id, pid=pid, now=utcnow())
     log.info("VM %s (attempt %d) of run %s started: pid %d", vm_id, order.attempt, order.run_id, pid)
     return "started"
 
@@ -125,7 +125,7 @@ def report(rt: Runtime, token: str | None, body: Any) -> dict[str, Any]:
     """One report of a harness (`POST /v1/runtime/report`). Refused (nothing written) for a token
     of no VM, of a finished VM or run, or of a VM whose lease was taken over; InputError for a
     malformed body."""
-    vm = rt.journal.vm_by_token(token_hash(token)) if token else None
+    vm = rt.journal.vms.vm_by_token(token_hash(token)) if token else None
     if vm is None or not VmState(vm.state).live:
         raise Refused(UNKNOWN_VM)
     if not isinstance(body, Mapping) or body.get("type") not in ("heartbeat", "step", "resume", "exit"):
@@ -137,17 +137,17 @@ def report(rt: Runtime, token: str | None, body: Any) -> dict[str, Any]:
         if isinstance(code, bool) or not isinstance(code, int):
             raise InputError("an exit report needs an integer 'code'")
         output = _checked_output(rt, body.get("output"))
-        if not rt.journal.vm_exited(vm, fence, code=code, output=output):
+        if not rt.journal.vms.vm_exited(vm, fence, code=code, output=output):
             raise Refused(UNKNOWN_VM)
         _trace_vm_exit(rt, vm)
         return {"ok": True}
     step = _step_of(rt, body) if kind == "step" else None
-    if not rt.journal.vm_report(vm, fence, step=step):
+    if not rt.journal.vms.vm_report(vm, fence, step=step):
         raise Refused(UNKNOWN_VM)
     if step is not None and step[1] in ("completed", "failed"):
         _trace_vm_step(rt, vm, step[0], fence.now)
     if kind == "resume":
-        return {"ok": True, "attempt": vm.attempt, "steps": dict(rt.journal.completed_outputs(vm.run_id))}
+        return {"ok": True, "attempt": vm.attempt, "steps": dict(rt.journal.vms.completed_outputs(vm.run_id))}
     return {"ok": True}
 
 
@@ -159,14 +159,14 @@ def _trace_vm_step(rt: Runtime, vm: VmRecord, step_id: str, at: datetime) -> Non
     if tracing is None:
         return
     try:
-        events = rt.journal.events(vm.run_id)
+        events = rt.journal.runs.events(vm.run_id)
         done = next((e for e in events if e.step_id == step_id and e.created_at == at
                      and e.kind in (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED)), None)
         if done is None:
             return
         began = [e for e in events
                  if e.step_id == step_id and e.kind == EventKind.STEP_STARTED and e.seq < done.seq]
-        tracing.reported_step(rt.journal.get_run(vm.run_id), step_id, done.attempt or 1, vm.generation,
+        tracing.reported_step(rt.journal.runs.get_run(vm.run_id), step_id, done.attempt or 1, vm.generation,
                               began[-1].created_at if began else at, at, outcome=str(done.kind), vm_id=vm.id)
     except PalError:
         log.warning("run %s: the span of step %s was not written", vm.run_id, step_id, exc_info=True)
@@ -179,7 +179,7 @@ def _trace_vm_exit(rt: Runtime, vm: VmRecord) -> None:
     if tracing is None:
         return
     try:
-        run = rt.journal.get_run(vm.run_id)
+        run = rt.journal.runs.get_run(vm.run_id)
         if run.terminal:
             end_generation(tracing, rt.journal, run, vm.generation, utcnow(), outcome=run.status)
     except PalError:
@@ -208,4 +208,4 @@ def _checked_output(rt: Runtime, output: Any) -> Any:
 
 
 def vms_of(rt: Runtime, run_id: str) -> list[VmRecord]:
-    return rt.journal.vms(run_id)
+    return rt.journal.vms.vms(run_id)

@@ -88,7 +88,7 @@ def _resume(rt: Runtime, run: RunRecord, step_id: str, *, output: Any = None,
             error: Mapping[str, Any] | None = None, event: tuple[str, Mapping[str, Any]] | None = None,
             check: Any = None, now: datetime | None = None, rerun: bool = False) -> Handoff:
     program = rt.program_of(run)
-    decision, generation = rt.journal.resume_waiting(
+    decision, generation = rt.journal.waits.resume_waiting(
         run_id=run.id, step_id=step_id, now=now or utcnow(), lease_ttl=rt.settings.lease_ttl,
         plan=lambda completed: program.handoff(completed, step_id), output=output, error=error,
         event=event, check=check, frontier=program.redrive_steps, rerun=rerun)
@@ -135,8 +135,8 @@ def decide(rt: Runtime, run_id: str, step_id: str, decision: str, *, by: str,
                          f"{len(comment)}; nothing was decided")
     if len(by) > MAX_DECIDER_CHARS:
         raise InputError(f"who decides is at most {MAX_DECIDER_CHARS} characters; nothing was decided")
-    run = rt.journal.get_run(run_id)
-    pending = {w["step_id"]: w["payload"] for w in rt.journal.waiting_steps(run_id)}.get(step_id) or {}
+    run = rt.journal.runs.get_run(run_id)
+    pending = {w["step_id"]: w["payload"] for w in rt.journal.waits.waiting_steps(run_id)}.get(step_id) or {}
     kind = pending.get("kind")
 
     def check(waiting: Mapping[str, Any]) -> None:
@@ -176,13 +176,13 @@ def wake(rt: Runtime, run_id: str, now: datetime | None = None) -> int:
     step when the node says onChildApproval: fail. Re-arms the wake-up timer. Returns how many
     steps were resumed."""
     now = now or utcnow()
-    run = rt.journal.get_run(run_id)
+    run = rt.journal.runs.get_run(run_id)
     if run.terminal:
         return 0
     program = rt.program_of(run)
     resumed = 0
     next_due = now + timedelta(seconds=WAIT_RECHECK_SECONDS)
-    for waiting in rt.journal.waiting_steps(run_id):
+    for waiting in rt.journal.waits.waiting_steps(run_id):
         step_id, payload = waiting["step_id"], waiting["payload"]
         try:
             if payload.get("kind") == "approval":
@@ -202,15 +202,15 @@ def wake(rt: Runtime, run_id: str, now: datetime | None = None) -> int:
                 resumed += _wake_subagent(rt, run, program, step_id, payload["child_run_id"], now)
         except Refused:
             continue  # decided meanwhile by someone else: nothing to do
-        if rt.journal.get_run(run_id).terminal:
+        if rt.journal.runs.get_run(run_id).terminal:
             return resumed
-    rt.journal.rearm_wait(run_id=run_id, wake_at=next_due, now=now)
+    rt.journal.waits.rearm_wait(run_id=run_id, wake_at=next_due, now=now)
     return resumed
 
 
 def _wake_subagent(rt: Runtime, run: RunRecord, program: Program, step_id: str, child_id: str,
                    now: datetime) -> int:
-    child = rt.journal.get_run(child_id)
+    child = rt.journal.runs.get_run(child_id)
     if (child.parent_run_id, child.parent_step_id, child.tenant_id) != (run.id, step_id, run.tenant_id):
         # Only this step's own child may answer it (docs/security.md): never a run someone else
         # created under the id first.
@@ -248,9 +248,9 @@ def pending_approvals(rt: Runtime, run_id: str, depth: int = 0) -> list[PendingA
                         show=w["payload"].get("show"), approval_hash=w["payload"].get("approval_hash", ""),
                         requested_at=w["payload"].get("requested_at", ""),
                         expires_at=w["payload"].get("expires_at"), depth=depth, kind=w["payload"]["kind"])
-        for w in rt.journal.waiting_steps(run_id) if w["payload"].get("kind") in DECIDED_KINDS
+        for w in rt.journal.waits.waiting_steps(run_id) if w["payload"].get("kind") in DECIDED_KINDS
     ]
-    for child in rt.journal.children(run_id):
+    for child in rt.journal.runs.children(run_id):
         if not child.terminal:
             found += pending_approvals(rt, child.id, depth + 1)
     return found
@@ -261,7 +261,7 @@ def tenant_approvals(rt: Runtime, tenant_id: str, limit: int = 100) -> list[Pend
     under the run that waits on it: a child run that waits is itself a parked run of the tenant, so
     its approvals come up once, under it, and not again under its parent."""
     found: list[PendingApproval] = []
-    for run in rt.journal.list_runs(tenant_id=tenant_id, status="waiting", limit=limit):
+    for run in rt.journal.runs.list_runs(tenant_id=tenant_id, status="waiting", limit=limit):
         found += [p for p in pending_approvals(rt, run.id) if p.depth == 0]
     return found
 

@@ -135,7 +135,7 @@ def watch_usage(rt: Runtime, run: RunRecord, step_id: str, generation: int, usag
 
 def _journal_anomalies(rt: Runtime, run: RunRecord, generation: int, found: Sequence[Anomaly]) -> None:
     """Journal anomalies once each; those new are logged and put on the step's span."""
-    for anomaly in rt.journal.record_anomalies(rt.fence(run.id, generation), found):
+    for anomaly in rt.journal.anomalies.record_anomalies(rt.fence(run.id, generation), found):
         log.warning("run %s: anomaly %s: %s", run.id, anomaly.kind, anomaly.message)
         span_event("pal.anomaly", {"pal.anomaly.kind": str(anomaly.kind),
                                    "pal.anomaly.message": anomaly.message[:500]})

@@ -27,6 +27,7 @@ from pal.core import egress, templates
 from pal.core.redact import bounded, redact_bounded
 from pal.core.secrets import scrub_known
 from pal.errors import DeliveryError, DeliveryOutcomeUnknown, DeliveryTimeout
+from pal.nodes import egress_dns
 from pal.nodes.base import ANY, Field, NodeKind, StepContext, run_to_end
 from pal.nodes.delivery import delivery
 
@@ -139,7 +140,7 @@ class Connector(NodeKind):
         unresolved: egress.Unresolvable | None = None
         addresses: tuple[egress.Address, ...] = ()
         try:
-            addresses = egress.check(host, port, services.setting("egress_allow"))
+            addresses = egress_dns.check(host, port, services.setting("egress_allow"))
         except egress.Unresolvable as exc:
             # Reported by `send`, after the claim: on a re-drive that finds an earlier claim,
             # the receipt protocol must still say "in doubt" rather than allow a retry.

@@ -170,7 +170,7 @@ class Program(Protocol):
     def needs(self, completed: Mapping[str, Any], step_id: str) -> frozenset[str] | None:
         """The steps, none in `completed`, whose completion alone would put `step_id` on the ready
         frontier, whatever their outputs: the claim checks them on the server when its log is
-        behind (docs/architecture.md, "The step protocol"). None when no such set exists or is
+        behind (docs/architecture.md, "The life of one step"). None when no such set exists or is
         known (the step is ready already, or waits on a choice, a loop, a decision)."""
         ...
 

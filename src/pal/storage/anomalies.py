@@ -15,6 +15,7 @@ from pal.core.anomalies import Anomaly
 from pal.core.lru import Lru
 from pal.core.records import Fence
 from pal.core.vocabulary import EventKind
+from pal.storage.base import Caches
 from pal.storage.primitives import Primitives
 from pal.storage.schema import run_anomalies, runs
 
@@ -22,8 +23,8 @@ _KNOWN_ANOMALIES = 4096  # (run, kind, step) this process has seen journaled: no
 
 
 class AnomalyStore(Primitives):
-    def __init__(self, engine: Engine) -> None:
-        super().__init__(engine)
+    def __init__(self, engine: Engine, caches: Caches | None = None) -> None:
+        super().__init__(engine, caches)
         self._journaled: Lru[tuple[str, str, str], bool] = Lru(_KNOWN_ANOMALIES)
 
     def record_anomalies(self, fence: Fence, anomalies: Sequence[Anomaly]) -> list[Anomaly]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any, NamedTuple
@@ -28,8 +29,8 @@ from pal.storage.schema import journal_events, runs
 
 GRAPH_CACHE_SIZE = 128  # plan documents kept decoded per process
 # Runs whose step logs (and first-read records) a process keeps. A worker busy with more runs than
-# this claims by transaction and reads each run's log again from its start (docs/benchmarks.md: 100
-# busy runs on two solo workers ran 18% slower with 64); each log holds its run's outputs.
+# this claims by transaction and reads each run's log again from its start (100 busy runs on two
+# solo workers ran 18% slower with 64: docs/decisions/step-log-cache.md); each log holds its outputs.
 OUTPUT_CACHE_RUNS = 256
 _ON_COMMIT = "pal_on_commit"  # Connection.info key of the current transaction's after-commit work
 
@@ -39,7 +40,7 @@ _LOG_SINCE = (
     sa.select(journal_events.c.seq, journal_events.c.step_id, journal_events.c.kind, journal_events.c.payload)
     # `run_id = run AND seq > after` walks ix_journal_events_run_seq from (run, after). Not the row
     # comparison (run_id, seq) > (run, after): beside the equality it cannot position the scan, which
-    # then reads the run's every index entry (docs/benchmarks.md, issue 24). The hot path reads
+    # then reads the run's every index entry (docs/decisions/step-log-cache.md). The hot path reads
     # through the functions, whose generic plans never pick the primary key on seq instead.
     .where(journal_events.c.run_id == sa.bindparam("log_run"),
            journal_events.c.seq > sa.bindparam("log_after"),
@@ -76,14 +77,23 @@ def event_rows(events: Sequence[Sequence[Any]]) -> list[EventRow]:
     return [EventRow(*event) for event in events]
 
 
-class StoreBase:
-    """The state and reads every store of the journal uses (pal.storage.journal joins them)."""
+@dataclass(frozen=True)
+class Caches:
+    """What the stores of one journal share in a process: decoded plan documents by (kind, hash),
+    each run as this process first read it, and each run's step log."""
 
-    def __init__(self, engine: Engine) -> None:
+    graphs: Lru[tuple[str, str], Any] = field(default_factory=lambda: Lru(GRAPH_CACHE_SIZE))
+    logs: Lru[str, StepLog] = field(default_factory=lambda: Lru(OUTPUT_CACHE_RUNS))
+    claimed_runs: Lru[str, RunRecord] = field(default_factory=lambda: Lru(OUTPUT_CACHE_RUNS))
+
+
+class StoreBase:
+    """The state and reads every store of the journal uses (pal.storage.journal composes them)."""
+
+    def __init__(self, engine: Engine, caches: Caches | None = None) -> None:
         self.engine = engine
-        self._graphs: Lru[tuple[str, str], Any] = Lru(GRAPH_CACHE_SIZE)
-        self._logs: Lru[str, StepLog] = Lru(OUTPUT_CACHE_RUNS)
-        self._claimed_runs: Lru[str, RunRecord] = Lru(OUTPUT_CACHE_RUNS)
+        caches = Caches() if caches is None else caches
+        self._graphs, self._logs, self._claimed_runs = caches.graphs, caches.logs, caches.claimed_runs
         self._insert: Callable[..., Any] = (
             postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         )

@@ -19,7 +19,7 @@ from pal.core.vocabulary import (
     TERMINAL_STATUSES,
     EventKind,
 )
-from pal.storage.base import StoreBase
+from pal.storage.base import Caches, StoreBase
 from pal.storage.schema import journal_events, pruned_runs, run_locks, runs, side_effect_receipts
 
 
@@ -32,8 +32,9 @@ ProgramOf = Callable[[str, Any], ReadyCheck]
 
 
 class Doctor(StoreBase):
-    def __init__(self, engine: Engine, program_of: ProgramOf | None = None) -> None:
-        super().__init__(engine)
+    def __init__(self, engine: Engine, caches: Caches | None = None,
+                 program_of: ProgramOf | None = None) -> None:
+        super().__init__(engine, caches)
         self._program_of = program_of
 
     def violations(self) -> list[Violation]:

@@ -1,23 +1,23 @@
-"""The journal: PAL's whole storage, one object joining the stores by operation family.
+"""The journal: PAL's whole storage, a small facade over one store per operation family.
 
-    StepStore      claim, complete, retry, fail, doubt, heartbeat      pal.storage.steps
-    WaitStore      park and resume steps; wake-up timers               pal.storage.waits
-    RunStore       create and cancel runs; runs, events and leases     pal.storage.runs
-    LineageStore   retried and forked runs; runs derived from a run    pal.storage.lineage
-    RetentionStore prune finished run families; pruned ids, receipts  pal.storage.retention
-    RecoveryStore  steal leases, redeliver, find orphans               pal.storage.recovery
-    ReceiptStore   side-effect receipts                                pal.storage.receipts
-    TokenStore     API tokens and the doorbell key                     pal.storage.tokens
-    AnomalyStore   anomalies, each journaled once                      pal.storage.anomalies
-    ConfidenceStore the confidence gate's evaluations, once per step   pal.storage.confidence
-    BaselineStore  recent per-node tokens and cost                     pal.storage.baselines
-    VmStore        the isolated tier's VMs, reports, resumeMicroVMRun  pal.storage.vms
-    Doctor         the journal's invariants                            pal.storage.doctor
+    journal.steps       claim, complete, retry, fail, doubt, heartbeat      pal.storage.steps
+    journal.waits       park and resume steps; wake-up timers               pal.storage.waits
+    journal.runs        create and cancel runs; runs, events and leases     pal.storage.runs
+    journal.lineage     retried and forked runs; runs derived from a run    pal.storage.lineage
+    journal.retention   prune finished run families; pruned ids, receipts  pal.storage.retention
+    journal.recovery    steal leases, redeliver, find orphans               pal.storage.recovery
+    journal.receipts    side-effect receipts                                pal.storage.receipts
+    journal.tokens      API tokens and the doorbell key                     pal.storage.tokens
+    journal.anomalies   anomalies, each journaled once                      pal.storage.anomalies
+    journal.confidence  the confidence gate's evaluations, once per step   pal.storage.confidence
+    journal.baselines   recent per-node tokens and cost                     pal.storage.baselines
+    journal.vms         the isolated tier's VMs, reports, resumeMicroVMRun  pal.storage.vms
+    journal.doctor      the journal's invariants                            pal.storage.doctor
 
-Each store is a class of its own module over the shared state and reads of pal.storage.base and
-the in-transaction writes of pal.storage.primitives; `Journal` only joins them, so callers hold one
-object and the caches (step logs, plan documents) are shared by every family. A new capability
-adds a store module and a base here (docs/architecture.md, "Storage").
+Each store is a class of its own module over the shared reads of pal.storage.base and the
+in-transaction writes of pal.storage.primitives; the stores of one journal share its caches (step
+logs, plan documents, first-read runs). A new capability adds a store module and an attribute here
+(docs/architecture.md, "Storage").
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 
 from pal.storage.anomalies import AnomalyStore
+from pal.storage.base import Caches, StoreBase
 from pal.storage.baselines import BaselineStore
 from pal.storage.confidence import ConfidenceStore
 from pal.storage.doctor import Doctor, ProgramOf
 from pal.storage.lineage import LineageStore
+from pal.storage.one_call import AutocommitCalls
 from pal.storage.receipts import ReceiptStore
 from pal.storage.recovery import RecoveryStore
 from pal.storage.retention import RetentionStore
@@ -39,10 +41,35 @@ from pal.storage.vms import VmStore
 from pal.storage.waits import WaitStore
 
 
-class Journal(StepStore, WaitStore, LineageStore, RetentionStore, RunStore, RecoveryStore, ReceiptStore,
-              AnomalyStore, ConfidenceStore, BaselineStore, VmStore, TokenStore, Doctor):
-    """Named operations on the journal database. Time is always passed in (`now`, or a Fence)."""
+class Journal:
+    """Named operations on the journal database, by family. Time is always passed in (`now`, or a
+    Fence)."""
 
     def __init__(self, engine: Engine, program_of: ProgramOf | None = None) -> None:
-        super().__init__(engine)
-        self._program_of = program_of
+        self.engine = engine
+        caches = Caches()
+        self.steps = StepStore(engine, caches)
+        self.waits = WaitStore(engine, caches)
+        self.runs = RunStore(engine, caches)
+        self.lineage = LineageStore(engine, caches)
+        self.retention = RetentionStore(engine, caches)
+        self.recovery = RecoveryStore(engine, caches)
+        self.receipts = ReceiptStore(engine, caches)
+        self.tokens = TokenStore(engine, caches)
+        self.anomalies = AnomalyStore(engine, caches)
+        self.confidence = ConfidenceStore(engine, caches)
+        self.baselines = BaselineStore(engine, caches)
+        self.vms = VmStore(engine, caches)
+        self.doctor = Doctor(engine, caches, program_of)
+
+    @property
+    def calls(self) -> AutocommitCalls | None:
+        """Postgres: the one-call claims' and completions' connections (None on SQLite)."""
+        return self.steps.calls
+
+    @calls.setter
+    def calls(self, calls: AutocommitCalls | None) -> None:
+        """None: every store takes its transactional path (the path-parity tests compare both)."""
+        for store in vars(self).values():
+            if isinstance(store, StoreBase):
+                store.calls = calls

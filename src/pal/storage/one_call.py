@@ -1,16 +1,16 @@
 """A bounded pool of autocommit DBAPI connections for the step protocol's single-statement calls.
 
 On Postgres a claim, and a completion that only hands off, are each one call of a server-side
-function that is atomic by itself (migrations 0005 and 0006), prepared once per connection.
-Such a call needs no BEGIN or COMMIT round trip, and none of the pool's checkout, reset and
-checkin around it either: on a busy worker those cost more than the call. The connections are
-opened with the engine's URL and options, outside its pool, in psycopg2's asynchronous mode (always
-autocommit): a call is sent, then waited for, so a caller can work while Postgres runs the call
-(`rows(..., meanwhile=...)`; docs/architecture.md, "Messages built while the completion is on its
-way"). A connection is checked out for one call and back right after, so a thread whose step waits
-(on a model, a tool's HTTP call) holds none: however many threads a worker runs, a process opens at
-most the engine's pool limit (PAL_DB_POOL_SIZE) of them, and a call waits for a free one. Disposing
-the engine closes them; a forked child never uses its parent's (it opens its own).
+function that is atomic by itself (migrations 0005 and 0006), prepared once per connection. Such a
+call needs no BEGIN or COMMIT round trip, and none of the pool's checkout, reset and checkin around
+it either: on a busy worker those cost more than the call. The connections are opened with the
+engine's URL and options, outside its pool, in psycopg2's asynchronous mode (always autocommit): a
+call is sent, then waited for, so a caller can work while Postgres runs the call (`rows(...,
+meanwhile=...)`; docs/decisions/messages-built-ahead.md). A connection is checked out for one call
+and back right after, so a thread whose step waits (on a model, a tool's HTTP call) holds none:
+however many threads a worker runs, a process opens at most the engine's pool limit
+(PAL_DB_POOL_SIZE) of them, and a call waits for a free one. Disposing the engine closes them; a
+forked child never uses its parent's (it opens its own).
 """
 
 from __future__ import annotations

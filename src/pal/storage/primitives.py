@@ -5,7 +5,7 @@ Every correctness decision is taken inside one transaction, fenced by the run's 
 write first UPDATEs `run_locks ... WHERE generation = :g`, which both proves the caller still
 holds the lease and serializes all writers of that run (a row lock on Postgres, the database
 write lock on SQLite). Unique partial indexes make step_completed once per step and the terminal
-event once per run (docs/architecture.md, "The step protocol").
+event once per run (docs/architecture.md, "The life of one step").
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pal.core.vocabulary import (
     LockHolder,
     RunStatus,
 )
-from pal.storage.base import Outcome, StoreBase, event_rows, json_safe, lease_lost
+from pal.storage.base import Caches, Outcome, StoreBase, event_rows, json_safe, lease_lost
 from pal.storage.schema import journal_events, run_locks, runs
 
 WAIT_RECHECK_SECONDS = 600.0  # a parked run is looked at again at least this often
@@ -58,8 +58,8 @@ def started_payload(fence: Fence, attempt: int) -> dict[str, Any]:
 
 
 class Primitives(StoreBase):
-    def __init__(self, engine: Engine) -> None:
-        super().__init__(engine)
+    def __init__(self, engine: Engine, caches: Caches | None = None) -> None:
+        super().__init__(engine, caches)
         # The hot path's statements, built once: a step pays for executing them, not for building
         # their expression trees again.
         self._append_stmt = self._insert(journal_events).values(_EVENT_VALUES).returning(journal_events.c.seq)

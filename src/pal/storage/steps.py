@@ -3,7 +3,7 @@
 On Postgres the usual claim and the usual completion are one statement each, a server-side function
 run in autocommit mode (pal.storage.one_call, migration 0006): the decision is predicted from the
 process's step log and the function applies it only if the journal has nothing newer, under the
-same fence; otherwise the transaction decides (docs/architecture.md, "The step protocol").
+same fence; otherwise the transaction decides (docs/architecture.md, "The life of one step").
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pal.core.step_log import StepLog
 from pal.core.views import WithOne
 from pal.core.vocabulary import TERMINAL_STATUSES, EventKind, RunStatus
 from pal.errors import journal_error
-from pal.storage.base import EventRow, Outcome, event_rows, json_safe, lease_lost
+from pal.storage.base import Caches, EventRow, Outcome, event_rows, json_safe, lease_lost
 from pal.storage.one_call import AutocommitCalls, FunctionCall
 from pal.storage.primitives import Primitives, started_payload
 from pal.storage.schema import runs
@@ -84,8 +84,8 @@ class _NotReady(Exception):
 
 
 class StepStore(Primitives):
-    def __init__(self, engine: Engine) -> None:
-        super().__init__(engine)
+    def __init__(self, engine: Engine, caches: Caches | None = None) -> None:
+        super().__init__(engine, caches)
         self._ahead = threading.local()  # .claimed: this thread's _ClaimedAhead, if any
 
     def claim_step(self, fence: Fence, step_id: str, *, ready: Ready | None = None,
@@ -100,8 +100,8 @@ class StepStore(Primitives):
         ahead: _ClaimedAhead | None = getattr(self._ahead, "claimed", None)
         if ahead is not None:
             self._ahead.claimed = None  # only the next claim of this thread may use it
-            if (ahead.run_id, ahead.step_id, ahead.generation) == (fence.run_id, step_id, fence.generation) \
-                    and time.monotonic() < ahead.until:
+            asked = (fence.run_id, step_id, fence.generation)
+            if (ahead.run_id, ahead.step_id, ahead.generation) == asked and time.monotonic() < ahead.until:
                 return ahead.claim
         if self.calls is not None:
             claim = self._claim_in_one_call(self.calls, fence, step_id, ready, needs)

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from pal.errors import StorageError
-from pal.storage.base import StoreBase
+from pal.storage.base import Caches, StoreBase
 from pal.storage.schema import FENCE_KEY, api_tokens, pal_keys
 
 
@@ -21,8 +21,8 @@ def _token_hash(secret: str) -> str:
 
 
 class TokenStore(StoreBase):
-    def __init__(self, engine: Engine) -> None:
-        super().__init__(engine)
+    def __init__(self, engine: Engine, caches: Caches | None = None) -> None:
+        super().__init__(engine, caches)
         self._fence_key: bytes | None = None
 
     @property

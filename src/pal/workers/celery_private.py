@@ -7,7 +7,7 @@ once per process: a name missing, or a method whose parameters changed, turns it
 warning, and PAL takes the public path instead (`send_task`, Celery's own strategy and consumer,
 kombu's own transport), with the same guarantees, only slower. `PAL_CELERY_FAST_PATHS` names the
 paths a process may use: `all` (the default), `none` (the crash tests run so too), or a comma list
-such as `publisher,inline` (docs/architecture.md, "Celery and kombu versions").
+such as `publisher,inline` (docs/decisions/celery-fast-paths.md).
 
 Code elsewhere reaches a private name only through the accessors below, or, for the transports'
 overrides of kombu methods (pal.workers.redis_transport, pal.workers.fs_transport), only when the

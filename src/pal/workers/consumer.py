@@ -1,20 +1,19 @@
 """Celery's worker consumer, sending the task events of many messages in one publish.
 
-A worker's main process sends three task events per message it runs (received, started,
-succeeded) for Flower. Celery buffers them and flushes the buffer on the event loop's next turn,
-so under PAL's one-message-per-node load nearly every event leaves alone: a publish's CPU and a
-Redis round trip during which the loop receives and dispatches nothing.
-This consumer flushes at most every `EVENT_FLUSH_DELAY` seconds instead: Flower sees each event up
-to that much later, and the main process's work per message drops (docs/benchmarks.md has the
-figures). Celery's dispatcher also flushes at once whenever its buffer holds 24 events, a publish
-every 8 steps; here the buffer holds up to `EVENT_BUFFER_LIMIT`, a cap on memory that a worker
-reaches only in a burst, so a busy worker publishes its events once per `EVENT_FLUSH_DELAY`.
-It flushes what is left before the consumer stops, so a worker's last events are not lost on a
-warm shutdown.
+A worker's main process sends three task events per message it runs (received, started, succeeded)
+for Flower. Celery buffers them and flushes the buffer on the event loop's next turn, so under PAL's
+one-message-per-node load nearly every event leaves alone: a publish's CPU and a Redis round trip
+during which the loop receives and dispatches nothing. This consumer flushes at most every
+`EVENT_FLUSH_DELAY` seconds instead: Flower sees each event up to that much later, and the main
+process's work per message drops (figures: docs/decisions/solo-worker-delivery.md). Celery's
+dispatcher also flushes at once whenever its buffer holds 24 events, a publish every 8 steps; here
+the buffer holds up to `EVENT_BUFFER_LIMIT`, a cap on memory that a worker reaches only in a burst,
+so a busy worker publishes its events once per `EVENT_FLUSH_DELAY`. It flushes what is left before
+the consumer stops, so a worker's last events are not lost on a warm shutdown.
 
-A flush of a full buffer can leave the timer of an earlier event pending; when it fires, the
-events now waiting may be younger than the delay, so it waits out the rest for the oldest of them
-instead of sending a small batch early.
+A flush of a full buffer can leave the timer of an earlier event pending; when it fires, the events
+now waiting may be younger than the delay, so it waits out the rest for the oldest of them instead
+of sending a small batch early.
 """
 
 from __future__ import annotations

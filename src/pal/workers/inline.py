@@ -12,12 +12,12 @@ the task events the message would have given. Worker counters (Flower's "process
 current task (which links a successor's message to its parent and root) are kept as Celery keeps
 them.
 
-What differs from Celery's path is documented in docs/architecture.md ("Delivery"): on PAL's
+What differs from Celery's path is documented in docs/decisions/solo-worker-delivery.md: on PAL's
 Redis transport the doorbell is taken at most once (pal.workers.redis_transport), because the
 lease and the orphan sweep, not a message restored after the visibility timeout, recover a step
 lost with its worker. A message with an ETA or an expiry (a backoff's countdown) goes through
 Celery's own strategy. Prefork and threads workers use Celery's strategy for every message.
-docs/benchmarks.md (issue 24) has the figures.
+docs/decisions/solo-worker-delivery.md has the figures.
 """
 
 from __future__ import annotations

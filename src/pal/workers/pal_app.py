@@ -1,4 +1,4 @@
-"""The Celery app: safe delivery settings (docs/architecture.md, "Delivery"), one PAL runtime per app."""
+"""The Celery app: safe delivery settings (docs/architecture.md, "Workers"), one PAL runtime per app."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def broker_transport_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
-# Delivery semantics (docs/architecture.md, "Delivery"). bench/celery_floor.py uses the same dict,
+# Delivery semantics (docs/architecture.md, "Workers"). bench/celery_floor.py uses the same dict,
 # so the peer it measures PAL against pays exactly what PAL pays for delivery.
 DELIVERY_SETTINGS: dict[str, Any] = {
     "broker_connection_retry_on_startup": True,

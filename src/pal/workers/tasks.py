@@ -29,7 +29,7 @@ from pal.workers.task_names import (
 log = logging.getLogger(__name__)
 
 
-# Delivery semantics per task (docs/architecture.md, "Delivery"), so that they hold on an app whose
+# Delivery semantics per task, so that they hold on an app whose
 # own defaults differ (pal.install): a message is acknowledged after its step, given back if its
 # worker is lost, JSON only, no result stored.
 PER_TASK: dict[str, Any] = {
@@ -42,70 +42,74 @@ def register_tasks(app: Celery) -> None:
     """Register PAL's tasks on `app` (PAL's own app, or a team's: pal.install), whose `runtime` they
     use. Every sender of PAL names its queue (PAL_QUEUE, PAL_VM_QUEUE): a task's own `queue`
     attribute is deprecated in Celery 5.7, and task_routes would be the app's setting."""
-    options = vm_options = PER_TASK
+    task = app.task  # bound (the task is the first argument), one task class per app
     # `throws`: Celery logs a StepFailed in one INFO line; the engine logged it at ERROR with the
     # step's own traceback (pal.engine.steps), which Celery's would only bury.
-    @app.task(name=EXECUTE_NODE, bind=True, shared=False,  # type: ignore[untyped-decorator]
-              throws=(StepFailed,), Strategy="pal.workers.inline:execute_node_strategy", **options)
-    def execute_node(self: Any, run_id: Any, step_id: Any, generation: Any, signature: Any = None) -> str:
-        """Execute one graph node of one run (one node per message).
+    task(name=EXECUTE_NODE, bind=True, shared=False, throws=(StepFailed,),
+         Strategy="pal.workers.inline:execute_node_strategy", **PER_TASK)(execute_node)
+    task(name=SWEEP_ORPHANS, bind=True, shared=False, **PER_TASK)(sweep_orphans)
+    task(name=SPAWN_VM, bind=True, shared=False, **PER_TASK)(spawn_vm_task)
+    task(name=RECOMPUTE_BASELINES, bind=True, shared=False, **PER_TASK)(recompute_baselines)
+    task(name=START_RUN, bind=True, shared=False, **PER_TASK)(start_run_task)
 
-        Anyone who reaches the broker can send this message: it runs only if it carries PAL's
-        signature of exactly (run, step, generation) (pal.core.doorbell); anything else is refused
-        before the journal is touched, and never fails the run.
 
-        A step that failed for good (its failure and the run's committed) ends the task as FAILURE
-        (StepFailed), so Celery and Flower show it failed; the message is still acknowledged
-        (docs/architecture.md, "Delivery"), never redelivered. Every other outcome (completed,
-        retrying, waiting, a stale, duplicate or forged message) is a success."""
-        rt = self.app.runtime
-        if not (isinstance(run_id, str) and isinstance(step_id, str) and type(generation) is int
-                and rt.doorbell_is_genuine(run_id, step_id, generation, signature)):
-            log.warning("pal.execute_node refused: not a message PAL sent (run %.128r step %.256r "
-                        "generation %.32r)", run_id, step_id, generation)
-            return "forged"
-        sent_at = getattr(self.request, SENT_AT_HEADER, None)
-        result = execute_step(rt, run_id, step_id, generation,
-                              sent_at=sent_at if isinstance(sent_at, float) else None)
-        if result.outcome == "failed":
-            error = result.error or {}
-            raise StepFailed(run_id, step_id, str(error.get("type", "")), str(error.get("message", ""))[:500])
-        return result.outcome
+def execute_node(task: Any, run_id: Any, step_id: Any, generation: Any, signature: Any = None) -> str:
+    """Execute one graph node of one run (one node per message).
 
-    @app.task(name=SWEEP_ORPHANS, bind=True, shared=False, **options)  # type: ignore[untyped-decorator]
-    def sweep_orphans(self: Any) -> dict[str, Any]:
-        """One pass of the orphan sweep (celery beat sends it every PAL_RECOVERY_INTERVAL)."""
-        report = sweep(self.app.runtime)
-        return {"found": report.found,
-                "recovered": {r: rec.generation for r, rec in report.recovered.items()},
-                "microvm": report.microvm}
+    Anyone who reaches the broker can send this message: it runs only if it carries PAL's
+    signature of exactly (run, step, generation) (pal.core.doorbell); anything else is refused
+    before the journal is touched, and never fails the run.
 
-    @app.task(name=SPAWN_VM, bind=True, shared=False, **vm_options)  # type: ignore[untyped-decorator]
-    def spawn_vm_task(self: Any, vm_id: Any) -> str:
-        """Start one VM of a microVM run on this host (`pal worker --vm-host`; docs/isolated-tier.md)."""
-        if not isinstance(vm_id, str):
-            return "refused: a VM id is a string"
-        return spawn_vm(self.app.runtime, vm_id)
+    A step that failed for good (its failure and the run's committed) ends the task as FAILURE
+    (StepFailed), so Celery and Flower show it failed; the message is still acknowledged, never
+    redelivered. Every other outcome (completed, retrying, waiting, a stale, duplicate or forged
+    message) is a success."""
+    rt = task.app.runtime
+    if not (isinstance(run_id, str) and isinstance(step_id, str) and type(generation) is int
+            and rt.doorbell_is_genuine(run_id, step_id, generation, signature)):
+        log.warning("pal.execute_node refused: not a message PAL sent (run %.128r step %.256r "
+                    "generation %.32r)", run_id, step_id, generation)
+        return "forged"
+    sent_at = getattr(task.request, SENT_AT_HEADER, None)
+    result = execute_step(rt, run_id, step_id, generation,
+                          sent_at=sent_at if isinstance(sent_at, float) else None)
+    if result.outcome == "failed":
+        error = result.error or {}
+        raise StepFailed(run_id, step_id, str(error.get("type", "")), str(error.get("message", ""))[:500])
+    return result.outcome
 
-    @app.task(name=RECOMPUTE_BASELINES, bind=True, shared=False, **options)  # type: ignore[untyped-decorator]
-    def recompute_baselines(self: Any) -> int:
-        """Rewrite the per-node baselines from recent steps (celery beat, every PAL_BASELINE_INTERVAL)."""
-        written: int = self.app.runtime.journal.recompute_baselines(now=utcnow())
-        return written
 
-    @app.task(name=START_RUN, bind=True, shared=False, **options)  # type: ignore[untyped-decorator]
-    def start_run_task(
-        self: Any, graph: Any, input: Any = None, run_id: str | None = None,
-        tenant_id: str | None = None,
-    ) -> dict[str, Any]:
-        """Validate and start a run; an invalid request is logged and writes nothing. A
-        `traceparent` message header is what the run's first trace links to."""
-        headers = self.request.headers if isinstance(self.request.headers, dict) else {}
-        traceparent = getattr(self.request, "traceparent", None) or headers.get("traceparent")
-        try:
-            record, created = start_run(self.app.runtime, graph, input, run_id=run_id,
-                                        tenant_id=tenant_id, traceparent=traceparent)
-        except (GraphError, InputError, Refused) as exc:
-            log.error("pal.start_run refused: %s", exc)
-            return {"error": str(exc)}
-        return {"run_id": record.id, "created": created}
+def sweep_orphans(task: Any) -> dict[str, Any]:
+    """One pass of the orphan sweep (celery beat sends it every PAL_RECOVERY_INTERVAL)."""
+    report = sweep(task.app.runtime)
+    return {"found": report.found,
+            "recovered": {r: rec.generation for r, rec in report.recovered.items()},
+            "microvm": report.microvm}
+
+
+def spawn_vm_task(task: Any, vm_id: Any) -> str:
+    """Start one VM of a microVM run on this host (`pal worker --vm-host`; docs/isolated-tier.md)."""
+    if not isinstance(vm_id, str):
+        return "refused: a VM id is a string"
+    return spawn_vm(task.app.runtime, vm_id)
+
+
+def recompute_baselines(task: Any) -> int:
+    """Rewrite the per-node baselines from recent steps (celery beat, every PAL_BASELINE_INTERVAL)."""
+    written: int = task.app.runtime.journal.baselines.recompute_baselines(now=utcnow())
+    return written
+
+
+def start_run_task(task: Any, graph: Any, input: Any = None, run_id: str | None = None,
+                   tenant_id: str | None = None) -> dict[str, Any]:
+    """Validate and start a run; an invalid request is logged and writes nothing. A `traceparent`
+    message header is what the run's first trace links to."""
+    headers = task.request.headers if isinstance(task.request.headers, dict) else {}
+    traceparent = getattr(task.request, "traceparent", None) or headers.get("traceparent")
+    try:
+        record, created = start_run(task.app.runtime, graph, input, run_id=run_id,
+                                    tenant_id=tenant_id, traceparent=traceparent)
+    except (GraphError, InputError, Refused) as exc:
+        log.error("pal.start_run refused: %s", exc)
+        return {"error": str(exc)}
+    return {"run_id": record.id, "created": created}

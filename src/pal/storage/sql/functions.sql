@@ -3,7 +3,7 @@
 -- Two helpers hold what every step function shares: pal_fence (the lease fence, the first write
 -- of each) and pal_step_log (the step-log events after a seq, as one JSON array). Each step
 -- function answers one row: an `outcome` word and, where it read the log, its `events`
--- ([seq, step_id, kind, payload] in seq order). docs/architecture.md, "The step protocol", says what
+-- ([seq, step_id, kind, payload] in seq order). docs/architecture.md, "The life of one step", says what
 -- each decides; docs/decisions/sql-step-functions.md why they look like this.
 --
 --   pal_fenced_log         fence, then the log: a claim's transaction reads this

@@ -3,7 +3,7 @@
 `run_id = $run AND seq > $after` let the planner scan the primary key on `seq` and filter by run
 when it estimated one row either way (the statistics' histogram ends below the newest events),
 which reads every other run's events written since `$after`. `(run_id, seq) > ($run, $after)` can
-only be served by `ix_journal_events_run_seq` (docs/benchmarks.md, issue 24). Loads
+only be served by `ix_journal_events_run_seq` (docs/decisions/step-log-cache.md). Loads
 pal/storage/sql/functions.sql as migration 0009 explains.
 
 Revision ID: 0017

@@ -4,7 +4,7 @@ plan made once for any run (`plan_cache_mode` force_generic_plan on each functio
 Migration 0017's row comparison, `(run_id, seq) > ($run, $after)` beside `run_id = $run`, kept the
 planner off the primary key on `seq`, but the index scan then started at the run's first event:
 every claim and completion read the whole run's index entries, so a step cost grew with the run
-(docs/benchmarks.md, issue 24). A generic plan estimates `run_id = $run` from the column's
+(docs/decisions/step-log-cache.md). A generic plan estimates `run_id = $run` from the column's
 distinct values and always walks `ix_journal_events_run_seq` from ($run, $after). Loads
 pal/storage/sql/functions.sql as migration 0009 explains.
 

@@ -7,7 +7,7 @@ more round trip) to see that the step is ready. Now the plan names the steps who
 alone makes it ready (`Program.needs`), and the statement that takes the fence checks them: a
 missing one refuses the claim with nothing written and the lease untouched. `pal_claim_step`
 stays, as that claim with nothing to check, for workers that predate this migration during a
-rolling upgrade (docs/architecture.md, "The step protocol"). Loads pal/storage/sql/functions.sql
+rolling upgrade (docs/architecture.md, "The life of one step"). Loads pal/storage/sql/functions.sql
 as migration 0009 explains.
 
 Revision ID: 0019

@@ -5,7 +5,7 @@ A solo worker that publishes a step's only successor takes that message straight
 .inline), so it is the successor's worker before the completion commits. Its claim used to be one
 more statement after the completion; now the completion's transaction appends the successor's
 `step_started` after the `step_completed` it follows, and the worker's claim of that message needs
-no statement (docs/architecture.md, "The step protocol"). `pal_complete_step` stays, as that
+no statement (docs/architecture.md, "The life of one step"). `pal_complete_step` stays, as that
 completion starting nothing, for workers that predate this migration during a rolling upgrade.
 Loads pal/storage/sql/functions.sql as migration 0009 explains.
 

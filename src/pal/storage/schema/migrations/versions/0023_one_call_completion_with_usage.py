@@ -1,6 +1,6 @@
 """Postgres only: `pal_complete_step_then` adds a completion's model usage (tokens, cost) to its
 run's totals, so a model step's completion is one call like any other step's, and may start its one
-successor for the caller (docs/architecture.md, "The step protocol"). Before, a completion with
+successor for the caller (docs/architecture.md, "The life of one step"). Before, a completion with
 usage took a transaction of several statements. Loads pal/storage/sql/functions.sql as migration
 0009 explains.
 

@@ -24,7 +24,7 @@ down_revision = "0023"
 branch_labels = None
 depends_on = None
 
-SQL_SHA256 = "d78518bf6ee11e0204f11f1a5df1f0440d3bcff22a9108d51f60b131ef7907ef"
+SQL_SHA256 = "2f69055c11cb6efab7642c67fe2dd01d5c89cb1c7aafdb8c09e56f850e7aa6c4"
 
 _RETIRED = (
     "pal_claim_fence(text, integer, text, timestamptz, bigint)",

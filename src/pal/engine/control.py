@@ -1,0 +1,96 @@
+"""What the control plane (the API, the `pal` command, `pal.Client`) asks of PAL beside starting
+and steering runs: reads of runs, events, leases, lineage, anomalies, receipts and VMs; API tokens;
+signed receipts of finished runs; pruning; the journal's invariants. The control plane goes through
+this, never through storage (tests/architecture/test_layers.py holds it to that)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from pal.config import Settings
+from pal.core.records import Event, Lease, RunRecord, Violation
+from pal.core.run_receipt import Verified
+from pal.engine.retention import PruneTotals, prune_runs
+from pal.engine.run_receipts import check_live, issue_receipt
+from pal.storage.database import create_engine
+from pal.storage.journal import Journal
+from pal.storage.retention import PruneQuery
+from pal.storage.vms import VmRecord
+
+
+class ControlPlane:
+    """The control plane's view of one journal (a runtime's: `Runtime.control`)."""
+
+    def __init__(self, journal: Journal, settings: Settings) -> None:
+        self._journal = journal
+        self._settings = settings
+
+    # Runs and their journal: RunNotFound for an unknown id, or a run of another tenant.
+    def get_run(self, run_id: str, tenant_id: str | None = None) -> RunRecord:
+        return self._journal.runs.get_run(run_id, tenant_id)
+
+    def events(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
+        return self._journal.runs.events(run_id, after_seq, limit)
+
+    def list_runs(self, **query: Any) -> list[RunRecord]:
+        """Runs newest first; `query` as pal.storage.runs.RunStore.list_runs takes it."""
+        return self._journal.runs.list_runs(**query)
+
+    def get_lease(self, run_id: str) -> Lease | None:
+        return self._journal.runs.get_lease(run_id)
+
+    def derived_runs(self, run_id: str) -> list[dict[str, Any]]:
+        return self._journal.lineage.derived_runs(run_id)
+
+    def anomalies(self, *, tenant_id: str | None = None, run_id: str | None = None,
+                  since: datetime | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        return self._journal.anomalies.anomalies(tenant_id=tenant_id, run_id=run_id, since=since, limit=limit)
+
+    def receipts(self, run_id: str) -> list[dict[str, Any]]:
+        """The side-effect receipts of a run's deliveries."""
+        return self._journal.receipts.receipts(run_id)
+
+    def vms(self, run_id: str) -> list[VmRecord]:
+        return self._journal.vms.vms(run_id)
+
+    def stuck_runs(self, *, now: datetime, limit: int = 100) -> list[tuple[RunRecord, Lease | None]]:
+        return self._journal.recovery.stuck_runs(now=now, limit=limit)
+
+    def violations(self) -> list[Violation]:
+        """Every breach of the journal's invariants (`pal doctor`)."""
+        return self._journal.doctor.violations()
+
+    # API tokens: only a token's sha256 is stored.
+    def create_token(self, *, tenant_id: str, name: str, now: datetime) -> tuple[str, str]:
+        return self._journal.tokens.create_token(tenant_id=tenant_id, name=name, now=now)
+
+    def revoke_token(self, *, token_id: str, now: datetime) -> bool:
+        return self._journal.tokens.revoke_token(token_id=token_id, now=now)
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        return self._journal.tokens.list_tokens()
+
+    def token_owner(self, secret: str) -> tuple[str, str] | None:
+        """(tenant, token name) of a live token; None for an unknown or revoked one."""
+        return self._journal.tokens.token_owner(secret)
+
+    # Finished runs: signed receipts (docs/receipts.md) and pruning (docs/retention.md).
+    def issue_receipt(self, run_id: str, tenant_id: str | None = None) -> bytes:
+        return issue_receipt(self._journal, self._settings, run_id, tenant_id)
+
+    def prune(self, query: PruneQuery, *, dry_run: bool = False, keep_receipts: bool = False,
+              on_batch: Callable[[PruneTotals], None] | None = None) -> PruneTotals:
+        return prune_runs(self._journal, self._settings, query, dry_run=dry_run,
+                          keep_receipts=keep_receipts, on_batch=on_batch)
+
+
+def check_live_at(database_url: str, verified: Verified) -> None:
+    """A verified receipt against the journal at `database_url` as it is now (`pal receipts
+    verify --database-url`): ReceiptInvalid("chain_mismatch") when they differ."""
+    engine = create_engine(database_url)
+    try:
+        check_live(Journal(engine), verified)
+    finally:
+        engine.dispose()
