@@ -69,6 +69,7 @@ from pal.engine.runtime import Runtime
 from pal.engine.steps import execute_step
 from pal.storage.database import normalize_url
 from pal.storage.journal import Journal
+from pal.storage.recovery import RecoveryStore
 from pal.storage.schema import journal_events, run_locks, runs
 
 SWEEP_PASSES_PER_REP = 5  # a pass takes milliseconds: several samples per rep
@@ -311,7 +312,7 @@ def query_times(journal: Journal, samples: int, expect: int) -> list[float]:
     times = []
     with journal.engine.connect() as conn:
         for _ in range(samples):
-            query = Journal.orphan_query(now=utcnow(), limit=SWEEP_BATCH)
+            query = RecoveryStore.orphan_query(now=utcnow(), limit=SWEEP_BATCH)
             t = time.perf_counter()
             found = conn.execute(query).scalars().all()
             times.append(time.perf_counter() - t)
@@ -329,7 +330,7 @@ def pass_plans(rt: Runtime, engine: sa.Engine, orphans: int) -> tuple[dict[str, 
     in_db = sum(s for _, _, s in log.entries)
     lines = [f"pass {ms(total):.1f} ms with the statement log on; {len(log.entries)} statements, "
              f"{ms(in_db):.1f} ms in cursor.execute", *log.summary(top=8)]
-    query = Journal.orphan_query(now=utcnow(), limit=SWEEP_BATCH)
+    query = RecoveryStore.orphan_query(now=utcnow(), limit=SWEEP_BATCH)
     compiled = query.compile(dialect=rt.journal.engine.dialect, compile_kwargs={"render_postcompile": True})
     make_orphans(engine)
     plans = {"orphan query (Journal.orphan_query)": explain(engine, str(compiled), dict(compiled.params))}

@@ -134,7 +134,7 @@ def assert_escaped(reply: httpx.Response, raw: str) -> None:
 def test_nothing_hostile_in_a_path_a_query_or_a_tenant_reaches_html_unescaped(api: Api) -> None:
     shown = api.client.runtime.journal
     tenant_raw = "tn<script>alert('t')</script>&\"x'q"
-    _, tenant_token = shown.create_token(tenant_id=tenant_raw, name="xss", now=utcnow())
+    _, tenant_token = shown.tokens.create_token(tenant_id=tenant_raw, name="xss", now=utcnow())
     runs = web.get(api.url + "/runs", cookies={"pal_token": tenant_token}, timeout=10)
     assert runs.status_code == 200 and tenant_raw not in runs.text
     assert str(markupsafe.escape(tenant_raw)) in runs.text  # shown, escaped

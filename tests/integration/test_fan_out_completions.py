@@ -66,12 +66,12 @@ def test_a_completion_whose_log_missed_the_park_still_parks_the_run(two: tuple[P
     assert a.deliver(a.outbox.pop(0)) == "completed"
     _, _, generation = a.take("tool")
     journal_b = b.client.runtime.journal
-    claim = journal_b.claim_step(Fence(run_id, generation, "B", utcnow(), 30), "tool")
+    claim = journal_b.steps.claim_step(Fence(run_id, generation, "B", utcnow(), 30), "tool")
     assert claim.outcome.value == "run" and claim.run is not None
     assert a.deliver(a.take("gate")) == "waiting"  # parks the gate while the tool runs on B
     program = b.client.runtime.program_of(claim.run)
     counted_calls = Counted(b.client) if b.client.runtime.journal.calls is not None else None
-    handoff = journal_b.complete_step(
+    handoff = journal_b.steps.complete_step(
         Fence(run_id, generation, "B", utcnow(), 30), "tool", claim.attempt, {"value": "tool"},
         plan=lambda done: program.handoff(done, "tool"), frontier=program.redrive_steps)
     if counted_calls is not None:  # Postgres: the one call was tried, then the transaction decided

@@ -89,12 +89,12 @@ def test_a_stale_completion_still_dispatches_the_join_it_makes_ready(
     (_, step_a, generation), step_b = a.outbox.pop(0), a.outbox.pop(0)
     assert {step_a, step_b[1]} == {"a", "b"}
     journal_b = b.client.runtime.journal
-    claim = journal_b.claim_step(Fence(run_id, generation, "B", utcnow(), 30), "a")
+    claim = journal_b.steps.claim_step(Fence(run_id, generation, "B", utcnow(), 30), "a")
     assert claim.outcome.value == "run" and claim.run is not None
     assert a.deliver((run_id, "b", generation)) == "completed"  # b completes while a runs on B
     program = b.client.runtime.program_of(claim.run)
     # From B's log (start only) a's completion would dispatch c alone; with b done, j is ready too.
-    handoff = journal_b.complete_step(Fence(run_id, generation, "B", utcnow(), 30), "a", claim.attempt, {"label": "a"}, plan=lambda done: program.handoff(done, "a"), frontier=program.redrive_steps)
+    handoff = journal_b.steps.complete_step(Fence(run_id, generation, "B", utcnow(), 30), "a", claim.attempt, {"label": "a"}, plan=lambda done: program.handoff(done, "a"), frontier=program.redrive_steps)
     assert sorted(handoff.dispatch) == ["c", "j"]
     for step in handoff.dispatch:
         assert b.deliver((run_id, step, generation)) == "completed"

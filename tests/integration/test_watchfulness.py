@@ -147,8 +147,8 @@ def test_an_anomaly_is_journaled_once_whoever_reports_it_again(client: Client, o
     fence = Fence(run_id, lease.generation, "w2", datetime.now(UTC), 30)
     again = Anomaly(AnomalyKind.RUNAWAY_LOOP, 9, 8.0, "static", "each", "again")
     new = Anomaly(AnomalyKind.RETRY_STORM, 11, 10, "static", None, "a storm")
-    assert other.record_anomalies(fence, [again, new]) == [new]
-    assert other.record_anomalies(fence, [again, new]) == []
+    assert other.anomalies.record_anomalies(fence, [again, new]) == [new]
+    assert other.anomalies.record_anomalies(fence, [again, new]) == []
     assert anomalies_of(client, run_id) == [("runaway_loop", "each"), ("retry_storm", None)]
     drain(client, outbox)
     assert anomalies_of(client, run_id) == [("runaway_loop", "each"), ("retry_storm", None)]

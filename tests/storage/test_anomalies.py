@@ -21,9 +21,9 @@ def test_an_anomaly_is_journaled_once_per_run_kind_and_step(journal: Journal) ->
     assert journal.anomalies.record_anomalies(fence(seconds=1), [loop_anomaly(), storm]) == [loop_anomaly(), storm]
     assert journal.anomalies.record_anomalies(fence(seconds=2), [loop_anomaly(9), storm]) == []
     fresh = Journal(journal.engine)  # another process: no memory of what was journaled
-    assert fresh.record_anomalies(fence(seconds=3), [loop_anomaly(10), storm]) == []
+    assert fresh.anomalies.record_anomalies(fence(seconds=3), [loop_anomaly(10), storm]) == []
     other_step = loop_anomaly(step="inner")
-    assert fresh.record_anomalies(fence(seconds=4), [other_step]) == [other_step]
+    assert fresh.anomalies.record_anomalies(fence(seconds=4), [other_step]) == [other_step]
     journaled = events(journal, kind="anomaly_detected")
     assert [(e.step_id, e.payload["kind"], e.payload["observed"]) for e in journaled] == [
         ("each", "runaway_loop", 8), (None, "retry_storm", 11), ("inner", "runaway_loop", 8)]
@@ -60,7 +60,7 @@ def test_racing_reporters_journal_an_anomaly_once(journal: Journal) -> None:
 
     def report(reporter: Journal) -> list[Anomaly]:
         barrier.wait()
-        return reporter.record_anomalies(fence(seconds=1), [loop_anomaly()])
+        return reporter.anomalies.record_anomalies(fence(seconds=1), [loop_anomaly()])
 
     with ThreadPoolExecutor(len(reporters)) as pool:
         written = list(pool.map(report, reporters))

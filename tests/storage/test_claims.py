@@ -37,7 +37,7 @@ def test_a_second_claim_of_the_same_attempt_is_a_duplicate(journal: Journal, pro
     new_run(journal)
     assert journal.steps.claim_step(fence(), "a").outcome is ClaimOutcome.RUN
     again = journal if process == "same" else Journal(journal.engine)
-    duplicate = again.claim_step(fence(worker="w2", seconds=2), "a")
+    duplicate = again.steps.claim_step(fence(worker="w2", seconds=2), "a")
     assert duplicate.outcome is ClaimOutcome.DUPLICATE and duplicate.attempt == 0
     assert kit.started(journal) == [("a", 1, 1)]
 

@@ -27,7 +27,7 @@ def test_a_step_completes_at_most_once(journal: Journal, process: str) -> None:
     new_run(journal)
     assert kit.claim_and_complete(journal, "a", kit.dispatching("b")) == Handoff(("b",), False)
     again = journal if process == "same" else Journal(journal.engine)
-    second = again.complete_step(fence(seconds=3), "a", 1, {"step": "late"}, plan=kit.dispatching("c"))
+    second = again.steps.complete_step(fence(seconds=3), "a", 1, {"step": "late"}, plan=kit.dispatching("c"))
     assert second == NO_OP
     assert [e.payload for e in kit.events(journal, kind=EventKind.STEP_COMPLETED)] == [
         {"output": {"step": "a"}}]

@@ -42,4 +42,4 @@ def test_a_revoked_token_names_no_tenant(journal: Journal) -> None:
 def test_the_fence_key_is_one_per_database(journal: Journal) -> None:
     key = journal.tokens.fence_key
     assert len(key) == 32
-    assert Journal(journal.engine).fence_key == key
+    assert Journal(journal.engine).tokens.fence_key == key

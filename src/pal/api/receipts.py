@@ -12,7 +12,7 @@ from fastapi.responses import Response
 
 from pal.api.auth import Auth
 from pal.api.deps import Rt
-from pal.engine.run_receipts import signing_key, trusted_keys
+from pal.engine.run_receipts import receipt_bundle, signing_key, trusted_keys
 
 router = APIRouter()
 KEYS_PATH = "/.well-known/pal-receipt-keys"
@@ -23,7 +23,7 @@ KEYS_PATH = "/.well-known/pal-receipt-keys"
 def receipt(run_id: str, caller: Auth, rt: Rt) -> Response:
     """The signed receipt of a finished run: 409 while it is in flight, 501 when receipts are off;
     a pruned run's kept receipt (docs/retention.md). Another tenant's run is a 404 either way."""
-    data = rt.control.issue_receipt(run_id, tenant_id=caller.tenant_id)
+    data = receipt_bundle(rt, run_id, tenant_id=caller.tenant_id)
     # A run id is [A-Za-z0-9_.:-] (pal.engine.runs.RUN_ID): safe inside the quoted file name.
     return Response(data, media_type="application/json",
                     headers={"Content-Disposition": f'attachment; filename="{run_id}.receipt.json"'})

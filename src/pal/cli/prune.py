@@ -31,7 +31,7 @@ def runs_prune(
     """Delete finished runs (succeeded, failed, cancelled) finished before a cutoff, each with its
     child runs, journal, receipts and leases; never a run in flight or a family with one."""
     from pal.core.clock import utcnow
-    from pal.engine.retention import check_batch, parse_cutoff
+    from pal.engine.retention import check_batch, parse_cutoff, prune
     from pal.storage.retention import PruneQuery
 
     cutoff = common.checked(lambda: parse_cutoff(finished_before, utcnow()))
@@ -49,9 +49,8 @@ def runs_prune(
                        f"so far ({_rate(totals.runs, totals.seconds)} runs/s, "
                        f"{_rate(totals.events, totals.seconds)} events/s)")
 
-    control = client.runtime.control
-    totals = common.checked(lambda: control.prune(query, dry_run=dry_run, keep_receipts=keep_receipts,
-                                                  on_batch=progress))
+    totals = common.checked(lambda: prune(client.runtime, query, dry_run=dry_run, keep_receipts=keep_receipts,
+                                          on_batch=progress))
     if as_json:
         common.print_json({"dry_run": dry_run, "finished_before": cutoff.isoformat(), "tenant": tenant,
                            "families": totals.families, "runs": totals.runs, "events": totals.events,

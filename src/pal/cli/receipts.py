@@ -58,8 +58,10 @@ def receipts_keygen(
 
 
 def _bundle(run_id: str) -> bytes:
+    from pal.engine.run_receipts import receipt_bundle
+
     client = common.client()
-    return common.checked(lambda: client.runtime.control.issue_receipt(run_id))
+    return common.checked(lambda: receipt_bundle(client.runtime, run_id))
 
 
 @receipts_app.command("show")
@@ -129,6 +131,6 @@ def receipts_verify(
 
 
 def _check_live(database_url: str, verified: Verified) -> None:
-    from pal.engine.control import check_live_at
+    from pal.engine.run_receipts import check_live_at
 
     common.checked(lambda: check_live_at(database_url, verified))

@@ -1,31 +1,24 @@
-"""What the control plane (the API, the `pal` command, `pal.Client`) asks of PAL beside starting
-and steering runs: reads of runs, events, leases, lineage, anomalies, receipts and VMs; API tokens;
-signed receipts of finished runs; pruning; the journal's invariants. The control plane goes through
-this, never through storage (tests/architecture/test_layers.py holds it to that)."""
+"""What the control plane (the API, the `pal` command, `pal.Client`) reads and manages beside
+starting and steering runs: runs, events, leases, lineage, anomalies, receipts, VMs, stuck runs,
+the journal's invariants, API tokens. The control plane goes through this (and the engine's
+services that take the runtime: signed receipts in pal.engine.run_receipts, pruning in
+pal.engine.retention), never through storage (tests/architecture/test_layers.py holds it to that)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from pal.config import Settings
 from pal.core.records import Event, Lease, RunRecord, Violation
-from pal.core.run_receipt import Verified
-from pal.engine.retention import PruneTotals, prune_runs
-from pal.engine.run_receipts import check_live, issue_receipt
-from pal.storage.database import create_engine
 from pal.storage.journal import Journal
-from pal.storage.retention import PruneQuery
 from pal.storage.vms import VmRecord
 
 
 class ControlPlane:
     """The control plane's view of one journal (a runtime's: `Runtime.control`)."""
 
-    def __init__(self, journal: Journal, settings: Settings) -> None:
+    def __init__(self, journal: Journal) -> None:
         self._journal = journal
-        self._settings = settings
 
     # Runs and their journal: RunNotFound for an unknown id, or a run of another tenant.
     def get_run(self, run_id: str, tenant_id: str | None = None) -> RunRecord:
@@ -75,22 +68,3 @@ class ControlPlane:
     def token_owner(self, secret: str) -> tuple[str, str] | None:
         """(tenant, token name) of a live token; None for an unknown or revoked one."""
         return self._journal.tokens.token_owner(secret)
-
-    # Finished runs: signed receipts (docs/receipts.md) and pruning (docs/retention.md).
-    def issue_receipt(self, run_id: str, tenant_id: str | None = None) -> bytes:
-        return issue_receipt(self._journal, self._settings, run_id, tenant_id)
-
-    def prune(self, query: PruneQuery, *, dry_run: bool = False, keep_receipts: bool = False,
-              on_batch: Callable[[PruneTotals], None] | None = None) -> PruneTotals:
-        return prune_runs(self._journal, self._settings, query, dry_run=dry_run,
-                          keep_receipts=keep_receipts, on_batch=on_batch)
-
-
-def check_live_at(database_url: str, verified: Verified) -> None:
-    """A verified receipt against the journal at `database_url` as it is now (`pal receipts
-    verify --database-url`): ReceiptInvalid("chain_mismatch") when they differ."""
-    engine = create_engine(database_url)
-    try:
-        check_live(Journal(engine), verified)
-    finally:
-        engine.dispose()

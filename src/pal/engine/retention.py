@@ -17,6 +17,7 @@ from pal.core.records import Event, RunRecord
 from pal.core.run_filters import parse_time
 from pal.core.run_receipt import issue
 from pal.engine.run_receipts import signing_key
+from pal.engine.runtime import Runtime
 from pal.errors import InputError
 from pal.storage.journal import Journal
 from pal.storage.retention import PruneBatch, PruneQuery, Sign
@@ -91,3 +92,10 @@ def prune_runs(journal: Journal, settings: Settings, query: PruneQuery, *, dry_r
         totals, cursor = totals.add(batch, time.monotonic() - started), batch.cursor
         if on_batch is not None:
             on_batch(totals)
+
+
+def prune(rt: Runtime, query: PruneQuery, *, dry_run: bool = False, keep_receipts: bool = False,
+          on_batch: Callable[[PruneTotals], None] | None = None) -> PruneTotals:
+    """`prune_runs` on the runtime's journal (`pal runs prune`)."""
+    return prune_runs(rt.journal, rt.settings, query, dry_run=dry_run, keep_receipts=keep_receipts,
+                      on_batch=on_batch)

@@ -12,7 +12,9 @@ from pal.config import Settings
 from pal.core import dsse
 from pal.core.run_receipt import ReceiptInvalid, Verified, check_chain, event_fields, issue
 from pal.core.vocabulary import TERMINAL_STATUSES
+from pal.engine.runtime import Runtime
 from pal.errors import ConfigError, ReceiptsOff, Refused, RunNotFound
+from pal.storage.database import create_engine
 from pal.storage.journal import Journal
 
 RECEIPTS_OFF = "receipts are off: set PAL_SIGNING_KEY (`pal receipts keygen` makes one)"
@@ -80,3 +82,18 @@ def check_live(journal: Journal, verified: Verified) -> None:
                     verified.links if len(from_journal) == len(verified.links) else None)
     except ReceiptInvalid as exc:
         raise ReceiptInvalid("chain_mismatch", f"the live journal differs from the receipt: {exc}") from None
+
+
+def receipt_bundle(rt: Runtime, run_id: str, tenant_id: str | None = None) -> bytes:
+    """The signed receipt of a finished run, as the API and `pal receipts export` hand it out."""
+    return issue_receipt(rt.journal, rt.settings, run_id, tenant_id)
+
+
+def check_live_at(database_url: str, verified: Verified) -> None:
+    """A verified receipt against the journal at `database_url` as it is now (`pal receipts
+    verify --database-url`): ReceiptInvalid("chain_mismatch") when they differ."""
+    engine = create_engine(database_url)
+    try:
+        check_live(Journal(engine), verified)
+    finally:
+        engine.dispose()

@@ -118,7 +118,7 @@ class Runtime:
     @cached_property
     def control(self) -> ControlPlane:
         """What the API, the CLI and pal.Client read and manage (never the journal itself)."""
-        return ControlPlane(self.journal, self.settings)
+        return ControlPlane(self.journal)
 
     def uses_secrets(self, run: RunRecord) -> bool:
         """Whether the run's plan mentions `secrets` at all, or it is a child run its parent handed
