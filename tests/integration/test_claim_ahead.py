@@ -22,7 +22,7 @@ import sqlalchemy as sa
 import pal.storage.steps
 from pal.client import Client
 from pal.core.clock import utcnow
-from pal.core.records import Fence
+from pal.core.records import ClaimAhead, Fence
 from pal.engine.recovery import redrive
 from pal.engine.steps import execute_step
 from pal.errors import LeaseLost
@@ -43,6 +43,7 @@ class TakingWorker:
         self.taken: list[Message] = []  # published and taken back, for this worker to run next
         self.takes = takes
         self.takes_back = True  # False: the publish fell back to the queue (no message taken back)
+        self.aheads: dict[Message, ClaimAhead] = {}  # a taken message's claim, as an OwnMessage carries it
         self.client.runtime.publish = lambda run_id, step_id, generation, countdown=0.0: (
             self.outbox.append((run_id, step_id, generation)))
         self.client.runtime.own_messages = self
@@ -50,11 +51,20 @@ class TakingWorker:
     def can_take(self) -> bool:
         return self.takes
 
-    def publish_and_take(self, run_id: str, step_id: str, generation: int, built: object = None) -> bool:
-        (self.taken if self.takes_back else self.outbox).append((run_id, step_id, generation))
+    def publish_and_take(self, run_id: str, step_id: str, generation: int, built: object = None,
+                         ahead: ClaimAhead | None = None) -> bool:
+        message = (run_id, step_id, generation)
+        (self.taken if self.takes_back else self.outbox).append(message)
+        if self.takes_back and ahead is not None:
+            self.aheads[message] = ahead
         return self.takes_back
 
     def deliver(self, message: Message) -> str:
+        """Run a message as its worker would: a taken one with the claim it carries."""
+        return execute_step(self.client.runtime, *message, ahead=self.aheads.pop(message, None)).outcome
+
+    def deliver_from_queue(self, message: Message) -> str:
+        """Run a message as any worker that took it from the queue would: with no claim ahead."""
         return execute_step(self.client.runtime, *message).outcome
 
 
@@ -105,18 +115,18 @@ def test_a_claimed_step_is_not_run_by_another_worker_nor_twice(postgres_backend:
         other.client.close()
 
 
-def test_a_claim_ahead_is_only_the_next_claims_and_a_lost_one_is_recovered(
-        worker: TakingWorker, counter: Path) -> None:
-    """If the thread's next claim is not the claimed step (its message was lost), the claim ahead
-    is dropped: the step stays started, as if the worker had died after its completion, and the
-    re-drive after its lease runs it once, with the same attempt."""
+def test_a_claim_ahead_lost_with_its_message_is_recovered(worker: TakingWorker, counter: Path) -> None:
+    """The claim ahead travels only with the message taken back: if that message is lost (never
+    run), the claim is lost with it, the step stays started, as if the worker had died after its
+    completion, and the re-drive after its lease runs it once, with the same attempt."""
     first = worker.client.start_run(linear(counter, 2), {})
     second = worker.client.start_run(linear(counter, 2), {})
     worker.deliver(worker.outbox.pop(0))  # first's start: claims first's s0
     lost = worker.taken.pop(0)
+    worker.aheads.pop(lost)  # the in-memory message, and its claim, are gone
     worker.takes = False
     assert worker.deliver(worker.outbox.pop(0)) == "completed"  # second's start, claimed in the journal
-    assert worker.deliver(lost) == "duplicate"  # the claim ahead was dropped; the journal decides
+    assert worker.deliver(lost) == "duplicate"  # another copy of the step's message: the journal decides
     assert calls(counter) == []
     worker.takes = True
     recovery = redrive(worker.client.runtime, first, require_expired=False)  # as after its lease
@@ -180,7 +190,8 @@ def test_a_fenced_out_completion_claims_nothing(worker: TakingWorker, counter: P
     worker.deliver(worker.outbox.pop(0))
     worker.deliver(worker.taken.pop(0))  # s0; s1 claimed ahead
     journal = worker.client.runtime.journal
-    claim = journal.steps.claim_step(Fence(run_id, 1, "w", utcnow(), 30), "s1")  # the claim ahead
+    ahead = worker.aheads[(run_id, "s1", 1)]
+    claim = journal.steps.claim_step(Fence(run_id, 1, "w", utcnow(), 30), "s1", ahead=ahead)  # the claim ahead
     assert claim.run is not None
     program = worker.client.runtime.program_of(claim.run)
     with journal.engine.begin() as conn:  # another generation takes the lease
@@ -211,9 +222,9 @@ def test_a_worker_busy_with_a_hundred_runs_still_claims_each_in_one_call(worker:
 
 def test_a_claim_ahead_is_not_answered_late_in_another_thread_or_after_a_fallen_back_publish(
         worker: TakingWorker, counter: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The claim ahead answers only the claim made next by the thread that completed, soon after
-    the completion's fence, of a message taken back; otherwise the journal decides (the step is
-    started: a duplicate, recovered by the sweep after its lease)."""
+    """The claim ahead answers only the claim of the message taken back with it, soon after the
+    completion's fence; otherwise the journal decides (the step is started: a duplicate, recovered
+    by the sweep after its lease)."""
     late = worker.client.start_run(linear(counter, 1), {})
     monkeypatch.setattr(pal.storage.steps, "CLAIMED_AHEAD_S", 0.0)
     worker.deliver(worker.outbox.pop(0))
@@ -224,11 +235,11 @@ def test_a_claim_ahead_is_not_answered_late_in_another_thread_or_after_a_fallen_
     worker.deliver(worker.outbox.pop(0))
     message = worker.taken.pop(0)
     outcome: list[str] = []
-    thread = threading.Thread(target=lambda: outcome.append(worker.deliver(message)))
+    thread = threading.Thread(target=lambda: outcome.append(worker.deliver_from_queue(message)))
     thread.start()
     thread.join(30)
-    assert outcome == ["duplicate"]  # another thread of the same process
-    assert worker.deliver(message) == "completed"  # the completing thread's own next claim
+    assert outcome == ["duplicate"]  # the same step's message without its claim: the journal decides
+    assert worker.deliver(message) == "completed"  # with the claim taken back with it
     assert worker.deliver(worker.taken.pop(0)) == "completed"  # its output step, claimed ahead too
 
     fallen = worker.client.start_run(linear(counter, 1), {})

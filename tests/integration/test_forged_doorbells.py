@@ -20,7 +20,7 @@ from pal.client import Client
 from pal.core.doorbell import sign
 from pal.engine.steps import execute_step
 from pal.storage.schema import run_locks
-from pal.workers.task_names import EXECUTE_NODE
+from pal.workers.task_names import CLAIM_AHEAD, EXECUTE_NODE
 from tests.conftest import Backend
 from tests.integration.test_doctor import event
 from tests.support.graphs import approval, linear
@@ -101,6 +101,40 @@ def test_forged_messages_through_celery_never_pass_an_approval(postgres_backend:
             execute_step(client.runtime, *sent.pop(0))
         assert calls(counter) == ["pay"]
         assert client.get_run(run_id).status == "succeeded"
+    finally:
+        client.close()
+
+
+def test_a_claim_ahead_header_on_a_message_claims_nothing(postgres_backend: Backend, counter: Path) -> None:
+    """A completion's claim of the successor its worker runs next travels only in memory (an
+    ClaimAhead object, pal.workers.inline); a message that names one in a header, even a genuinely
+    signed doorbell, is claimed from the journal: off the frontier it is refused, writing nothing."""
+    client = Client(postgres_backend.settings)
+    try:
+        sent = capture(client)
+        run_id = client.start_run(linear(counter, 3), {})
+        execute_step(client.runtime, *sent.pop(0))
+        (_, _, generation), = sent
+        before = journal_of(client, run_id)
+        signature = client.runtime.doorbell_signature(run_id, "s1", generation)
+        fake = {"run_id": run_id, "step_id": "s1", "generation": generation, "until": 1e12,
+                "claim": {"outcome": "run", "attempt": 1}}
+        outcomes: dict[str, Any] = {}
+
+        def finished(sender: Any = None, task_id: str = "", retval: Any = None, **_: Any) -> None:
+            outcomes[task_id] = retval
+
+        task_postrun.connect(finished, weak=False)
+        try:
+            with in_process_worker(client):
+                task_id = client.app.send_task(EXECUTE_NODE, args=[run_id, "s1", generation, signature],
+                                                queue=postgres_backend.settings.queue,
+                                                headers={CLAIM_AHEAD: fake}).id
+                wait_for(lambda: task_id in outcomes)
+        finally:
+            task_postrun.disconnect(finished)
+        assert outcomes[task_id] == "not_ready"
+        assert journal_of(client, run_id) == before and calls(counter) == []
     finally:
         client.close()
 

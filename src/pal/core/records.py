@@ -162,6 +162,24 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class ClaimAhead:
+    """A successor's attempt that the completion before it started for its caller, the worker
+    thread that runs it next: its claim, for that run, step and generation, until `until`
+    (time.monotonic()). The completion fenced the lease a moment before; the heartbeat renews it
+    after a third of its time, so a claim ahead lives at most a quarter of it."""
+
+    run_id: str
+    step_id: str
+    generation: int
+    until: float
+    claim: Claim
+
+    def answers(self, run_id: str, step_id: str, generation: int, now: float) -> bool:
+        same = (self.run_id, self.step_id, self.generation) == (run_id, step_id, generation)
+        return same and now < self.until
+
+
+@dataclass(frozen=True)
 class Recovery:
     generation: int
     resumed_steps: tuple[str, ...]
@@ -175,7 +193,7 @@ class Handoff:
     finished: bool
     output: Any = None
     error: Mapping[str, Any] | None = None  # a finished run that failed (e.g. a turn limit)
-    claimed: str | None = None  # the one successor whose attempt the completion also started
+    ahead: ClaimAhead | None = None  # the claim of the one successor the completion also started
 
 
 @dataclass(frozen=True)

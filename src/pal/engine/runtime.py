@@ -23,7 +23,7 @@ from pal.core.budgets import Budget, parse_budget
 from pal.core.clock import utcnow
 from pal.core.extras import missing_extra
 from pal.core.lru import Lru
-from pal.core.records import Fence, RunRecord
+from pal.core.records import ClaimAhead, Fence, RunRecord
 from pal.engine import builtin_tools  # noqa: F401  (registers the built-in tools)
 from pal.engine.async_steps import AsyncSteps
 from pal.engine.control import ControlPlane
@@ -63,9 +63,11 @@ class OwnMessages(Protocol):
     def can_take(self) -> bool:
         """Whether this thread's next publish will take its own message back."""
 
-    def publish_and_take(self, run_id: str, step_id: str, generation: int, built: object = None) -> bool:
-        """Ring the doorbell for one step and take that very message, for this thread to run next;
-        False when it was published to the queue instead (any worker may take it)."""
+    def publish_and_take(self, run_id: str, step_id: str, generation: int, built: object = None,
+                         ahead: ClaimAhead | None = None) -> bool:
+        """Ring the doorbell for one step and take that very message, for this thread to run next
+        with `ahead`, the step's claim, which it passes to `execute_step`; False when it was
+        published to the queue instead (any worker may take it, and claims it from the journal)."""
 
 
 PublishBatch = Callable[[], AbstractContextManager[None]]
@@ -162,23 +164,25 @@ class Runtime:
         return {successor: message for successor, message in built if message is not None}
 
     def hand_off(self, run_id: str, step_id: str, successors: Sequence[str], generation: int,
-                 claimed: str | None = None, built: Mapping[str, object] | None = None,
-                 kept: str | None = None) -> None:
+                 ahead: ClaimAhead | None = None, built: Mapping[str, object] | None = None,
+                 kept: bool = False) -> None:
         """Ring the successors of a completed step, only after its completion has committed: a
         crash before (the fault points) leaves a lease that lapses, and the sweep re-drives them.
-        `claimed`: the successor whose attempt the completion started for this thread, whose
-        message this thread takes back to run next. `built`: messages `build_hand_off` made.
-        `kept`: a claimed successor this thread runs next with no message at all (a finisher's
-        chain, pal.engine.async_steps)."""
+        `ahead`: the claim of the successor whose attempt the completion started for this thread,
+        whose message this thread takes back to run next, the claim with it. `built`: messages
+        `build_hand_off` made. `kept`: this thread runs that successor next with no message at all
+        (a finisher's chain, pal.engine.async_steps)."""
         faults.point("after_complete_commit", step_id, run_id)
         for successor in successors:
             faults.point("before_publish", step_id, run_id)
             message = built.get(successor) if built else None
-            if successor == kept:
+            claimed = ahead is not None and successor == ahead.step_id
+            if claimed and kept:
                 continue
-            if successor == claimed and self.own_messages is not None:
-                if not self.own_messages.publish_and_take(run_id, successor, generation, built=message):
-                    self.journal.steps.drop_claimed_ahead()
+            if claimed and self.own_messages is not None:
+                # Not taken back, it goes to the queue and its claim ahead is dropped with it: the
+                # worker that takes it finds the step started, and the sweep re-drives it.
+                self.own_messages.publish_and_take(run_id, successor, generation, built=message, ahead=ahead)
             elif message is not None:
                 self.publish(run_id, successor, generation, built=message)
             else:

@@ -19,7 +19,7 @@ from pal.core.budgets import Breach, OnBreach
 from pal.core.clock import utcnow
 from pal.core.failures import failure_payload
 from pal.core.limits import output_problem
-from pal.core.records import Claim, ClaimOutcome, Handoff, RunRecord, Usage
+from pal.core.records import Claim, ClaimAhead, ClaimOutcome, Handoff, RunRecord, Usage
 from pal.core.secrets import reveal, scrub_known
 from pal.engine.gate import gate
 from pal.engine.heartbeat import LeaseGone, TimeLimitReached
@@ -58,7 +58,7 @@ class StepResult:
     parked: bool = False  # the step waits and nothing else of the run is in flight
     usage: Usage | None = None  # a model call's tokens and cost (for its trace span)
     error: Mapping[str, Any] | None = None  # the failure journaled, retried or final
-    chained: str | None = None  # the successor this completion claimed for this thread to run next
+    ahead: ClaimAhead | None = None  # the successor's claim this completion took, for its caller to run
 
 
 def _check_output(output: Any, settings: Settings) -> None:
@@ -75,22 +75,24 @@ def step_time_limit(data: Mapping[str, Any], settings: Settings) -> float:
 
 
 def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int,
-                 sent_at: float | None = None) -> StepResult:
+                 sent_at: float | None = None, ahead: ClaimAhead | None = None) -> StepResult:
     """Run one step of one run, exactly as one `pal.execute_node` message asks (`sent_at`: when
-    the message was published or due, Unix seconds, for the step span's queue wait). A worker
-    process runs at most PAL_ASYNC_STEPS at once (pal.engine.async_steps)."""
+    the message was published or due, Unix seconds, for the step span's queue wait; `ahead`: the
+    claim the completion before it took for this caller, `StepResult.ahead`). A worker process
+    runs at most PAL_ASYNC_STEPS at once (pal.engine.async_steps)."""
     if rt.async_steps is None:
-        return _execute(rt, run_id, step_id, generation, sent_at)
+        return _execute(rt, run_id, step_id, generation, sent_at, ahead)
     with rt.async_steps.slot():
-        return _execute(rt, run_id, step_id, generation, sent_at)
+        return _execute(rt, run_id, step_id, generation, sent_at, ahead)
 
 
-def _execute(rt: Runtime, run_id: str, step_id: str, generation: int, sent_at: float | None) -> StepResult:
+def _execute(rt: Runtime, run_id: str, step_id: str, generation: int, sent_at: float | None,
+             ahead: ClaimAhead | None) -> StepResult:
     settings, journal = rt.settings, rt.journal
     claim = _once_more_if_disconnected(lambda: journal.steps.claim_step(
         rt.fence(run_id, generation), step_id,
         ready=lambda run, completed: rt.program_of(run).is_ready(completed, step_id),
-        needs=lambda run, completed: rt.program_of(run).needs(completed, step_id)))
+        needs=lambda run, completed: rt.program_of(run).needs(completed, step_id), ahead=ahead))
     if claim.outcome is ClaimOutcome.BACKOFF:
         # A re-drive reached a step that is waiting out its backoff: ring again when it is due
         # (a long wait is left to the sweep, at the lease's end).
@@ -215,8 +217,9 @@ class _Settle:
         result = self.settle(outcome, chain=True)
         if self.after is not None:
             self.after(result)
-        if result.chained is not None:  # its claim is this thread's, answered without a statement
-            execute_step(self.rt, self.claim.run.id, result.chained, self.generation)
+        if result.ahead is not None:  # the successor's claim is this thread's: no statement
+            ahead = result.ahead
+            execute_step(self.rt, self.claim.run.id, ahead.step_id, self.generation, ahead=ahead)
 
     def settle(self, outcome: NodeResult | Park | BaseException, chain: bool = False) -> StepResult:
         rt, claim, step_id, generation = self.rt, self.claim, self.step_id, self.generation
@@ -311,12 +314,12 @@ def _complete(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generatio
         return StepResult("fenced")
     # A crash before the publish leaves a lease that expires and the sweep re-drives the successors
     # (a successor the completion started too is resumed with the same attempt).
-    chained = handoff.claimed if chain and not own else None
-    rt.hand_off(run.id, step_id, handoff.dispatch, generation, claimed=handoff.claimed, built=built,
-                kept=chained)
+    kept = handoff.ahead if chain and not own else None  # a finisher's chain: no message at all
+    rt.hand_off(run.id, step_id, handoff.dispatch, generation, ahead=handoff.ahead, built=built,
+                kept=kept is not None)
     if handoff.finished:
         _wake_parent(rt, run.parent_run_id)
-    return StepResult("completed", handoff.dispatch, handoff.finished, usage=result.usage, chained=chained)
+    return StepResult("completed", handoff.dispatch, handoff.finished, usage=result.usage, ahead=kept)
 
 
 def _chainable(rt: Runtime, program: Program, step_id: str) -> bool:

@@ -9,19 +9,18 @@ same fence; otherwise the transaction decides (docs/architecture.md, "The life o
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
 
 from pal.core import retry
 from pal.core.records import (
     Claim,
+    ClaimAhead,
     ClaimOutcome,
     Fence,
     Frontier,
@@ -36,7 +35,7 @@ from pal.core.step_log import StepLog
 from pal.core.views import WithOne
 from pal.core.vocabulary import TERMINAL_STATUSES, EventKind, RunStatus
 from pal.errors import journal_error
-from pal.storage.base import Caches, EventRow, Outcome, event_rows, json_safe, lease_lost
+from pal.storage.base import EventRow, Outcome, event_rows, json_safe, lease_lost
 from pal.storage.one_call import AutocommitCalls, FunctionCall
 from pal.storage.primitives import Primitives, started_payload
 from pal.storage.schema import runs
@@ -48,22 +47,11 @@ _CLAIM_STEP = FunctionCall.of("pal_claim", (
 _COMPLETE_STEP = FunctionCall.of("pal_complete", (
     "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz",
     "text", "integer", "jsonb"))
-# How long after its completion's fence a claimed successor is still this thread's to run without
+# How long after its completion's fence a claimed successor is still its caller's to run without
 # a statement (at most a quarter of the lease, which the heartbeat renews after a third): the
 # message it was taken with runs next (pal.workers.inline), within milliseconds. A later claim goes
 # to the journal, finds the step started, and leaves it to the sweep after its lease.
 CLAIMED_AHEAD_S = 1.0
-
-
-@dataclass(frozen=True)
-class _ClaimedAhead:
-    """A successor whose attempt a completion of this thread started (`claim_next`)."""
-
-    run_id: str
-    step_id: str
-    generation: int
-    until: float  # time.monotonic()
-    claim: Claim
 
 
 def _predictable(known: StepLog, step_id: str, fence: Fence) -> bool:
@@ -84,25 +72,18 @@ class _NotReady(Exception):
 
 
 class StepStore(Primitives):
-    def __init__(self, engine: Engine, caches: Caches | None = None) -> None:
-        super().__init__(engine, caches)
-        self._ahead = threading.local()  # .claimed: this thread's _ClaimedAhead, if any
-
     def claim_step(self, fence: Fence, step_id: str, *, ready: Ready | None = None,
-                   needs: Needs | None = None) -> Claim:
+                   needs: Needs | None = None, ahead: ClaimAhead | None = None) -> Claim:
         """Step protocol, phase 1: fence on the lease and append `step_started`.
 
         A step that is not on the run's ready frontier (`ready`) is refused with nothing written:
         a message is a doorbell, it cannot start a step the journal has not made ready. `needs`
         lets a one-call claim whose log is behind have Postgres check the missing completions.
-        A step this thread's last completion claimed (`complete_step(claim_next=True)`) is this
-        claim's at once, with no statement, if it is the very next one this thread makes."""
-        ahead: _ClaimedAhead | None = getattr(self._ahead, "claimed", None)
-        if ahead is not None:
-            self._ahead.claimed = None  # only the next claim of this thread may use it
-            asked = (fence.run_id, step_id, fence.generation)
-            if (ahead.run_id, ahead.step_id, ahead.generation) == asked and time.monotonic() < ahead.until:
-                return ahead.claim
+        `ahead`: the claim the completion before this step took for its caller
+        (`complete_step(claim_next=...)`, `Handoff.ahead`), which answers this claim with no
+        statement when it is of this run, step and generation and still fresh."""
+        if ahead is not None and ahead.answers(fence.run_id, step_id, fence.generation, time.monotonic()):
+            return ahead.claim
         if self.calls is not None:
             claim = self._claim_in_one_call(self.calls, fence, step_id, ready, needs)
             if claim is not None:
@@ -222,8 +203,10 @@ class StepStore(Primitives):
         (a solo worker takes its message back as it publishes it; a finisher of awaited steps
         runs it next), or, given a predicate, when there is only one and the predicate accepts
         it. The same transaction then starts the successor's attempt, when a one-call completion
-        can (`Handoff.claimed` names it), and this thread's next claim of it, at this generation,
-        is answered without a statement.
+        can, and the hand-off carries its claim (`Handoff.ahead`), which the caller hands to
+        `claim_step` with the successor's message: that claim then needs no statement. A claim
+        ahead that is not used (its message went to the queue) leaves the step started; a claim
+        from the journal finds it so (a duplicate), and the sweep re-drives it after its lease.
 
         `meanwhile(decision)` runs while a one-call completion is on its way, with the hand-off it
         will make if it commits as planned (the caller prepares the successors' messages); it must
@@ -309,14 +292,7 @@ class StepStore(Primitives):
             return decision
         claim = Claim(ClaimOutcome.RUN, run, next_attempt, log.outputs, log=log)
         until = fenced_at + min(CLAIMED_AHEAD_S, fence.lease_ttl / 4)
-        self._ahead.claimed = _ClaimedAhead(run_id, successor, fence.generation, until, claim)
-        return replace(decision, claimed=successor)
-
-    def drop_claimed_ahead(self) -> None:
-        """Forget this thread's claim ahead: its message was not taken back (it went to the queue
-        for any worker), so no claim may be answered without the journal. The step stays started;
-        the sweep re-drives it after its lease."""
-        self._ahead.claimed = None
+        return replace(decision, ahead=ClaimAhead(run_id, successor, fence.generation, until, claim))
 
     def retry_step(self, fence: Fence, step_id: str, attempt: int, *, of: int, error: Mapping[str, Any],
                    backoff_s: float) -> bool:

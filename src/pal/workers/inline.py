@@ -38,7 +38,7 @@ from kombu.utils import json as kombu_json
 from pal.errors import StepFailed
 from pal.workers import celery_private, redis_transport
 from pal.workers.node_messages import OwnMessage
-from pal.workers.task_names import SENT_AT_HEADER
+from pal.workers.task_names import CLAIM_AHEAD, SENT_AT_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class InlineSteps:
         if isinstance(delivery, OwnMessage):
             request = dict(id=delivery.task_id, root_id=delivery.root_id, parent_id=delivery.parent_id,
                            headers=None, delivery_info={"exchange": "", "routing_key": self.queue},
-                           **{SENT_AT_HEADER: delivery.sent_at})
+                           **{SENT_AT_HEADER: delivery.sent_at, CLAIM_AHEAD: delivery.claim_ahead})
             received = dict(args=delivery.argsrepr, kwargs="{}", root_id=delivery.root_id,
                             parent_id=delivery.parent_id, retries=0)
             if delivery.sent_event is not None:

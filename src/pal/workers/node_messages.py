@@ -33,11 +33,12 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kombu.utils.uuid import uuid
 
+from pal.core.records import ClaimAhead
 from pal.workers import celery_private
 from pal.workers.broker_wire import SENT_ROUTING_KEY, BrokerWire
 from pal.workers.task_names import SENT_AT_HEADER
@@ -78,6 +79,7 @@ class OwnMessage:
     parent_id: str | None
     sent_at: float  # SENT_AT_HEADER: a step span's queue wait starts here (when tracing)
     sent_event: dict[str, Any] | None  # its task-sent event's fields (as_task_v2's), if sent
+    claim_ahead: ClaimAhead | None = None  # its step's claim, taken by the completion before it
 
     @property
     def argsrepr(self) -> str:
@@ -171,7 +173,7 @@ class NodePublisher:
                 and time.monotonic() < held.until
                 and getattr(held, "own_streak", 0) < OWN_TAKES_WHILE_OTHERS_WAIT)
 
-    def publish_taken(self, message: list[Any] | Built | OwnMessage) -> bool:
+    def publish_taken(self, message: list[Any] | Built | OwnMessage, ahead: ClaimAhead | None = None) -> bool:
         """Publish one message and, inside a `taking_next` block, take that very message for this
         thread, which runs it next (its step was claimed for this thread: pal.storage.steps,
         `claim_next`). Such a message never goes through the queue, where any worker could take
@@ -179,14 +181,16 @@ class NodePublisher:
         (`_take_own`; the worker that runs it sends its task-sent event). Outside a block it is
         published as usual and False is returned: not taken back, it is whichever worker's that
         takes it (one finds the step started and leaves it, and the sweep re-drives it when its
-        lease lapses)."""
+        lease lapses). `ahead`: the step's claim, which the OwnMessage carries to the task."""
         taken: list[str | bytes | OwnMessage] | None = getattr(self._held, "taken", None)
-        return self._send_or_fall_back([message], own=True) and taken is not None and len(taken) > 0
+        sent = self._send_or_fall_back([message], own=True, ahead=ahead)
+        return sent and taken is not None and len(taken) > 0
 
-    def _send_or_fall_back(self, messages: list[list[Any] | Built | OwnMessage], own: bool = False) -> bool:
+    def _send_or_fall_back(self, messages: list[list[Any] | Built | OwnMessage], own: bool = False,
+                           ahead: ClaimAhead | None = None) -> bool:
         """Send on the fast path; True if it did, False if it fell back to `send_task`."""
         try:
-            self._send(messages, own)
+            self._send(messages, own, ahead)
         except Exception as exc:  # the slow path has the retries and raises the errors
             log.warning("fast publish of %d %s message(s) failed (%r); sending through send_task",
                         len(messages), self.task_name, exc)
@@ -196,7 +200,8 @@ class NodePublisher:
         self.sent += len(messages)
         return True
 
-    def _send(self, messages: list[list[Any] | Built | OwnMessage], own: bool = False) -> None:
+    def _send(self, messages: list[list[Any] | Built | OwnMessage], own: bool = False,
+              ahead: ClaimAhead | None = None) -> None:
         wire = self._wire_of_process()
         self._settle(wire)
         taken: list[str | bytes | OwnMessage] | None = getattr(self._held, "taken", None)
@@ -204,7 +209,7 @@ class NodePublisher:
         if taken is not None and own and len(messages) == 1:
             [message] = messages
             own_message = message if isinstance(message, OwnMessage) else self._own(_args(message))
-            self._take_own(wire, own_message, taken)
+            self._take_own(wire, replace(own_message, claim_ahead=ahead), taken)
             return
         # An OwnMessage not taken back after all is queued as a message like any other.
         commands = [command for message in messages for command in

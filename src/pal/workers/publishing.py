@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from pal.core.records import ClaimAhead
 from pal.engine.runtime import Publish, PublishBatch
 from pal.workers import celery_private
 from pal.workers.node_messages import Built, NodePublisher, OwnMessage
@@ -69,8 +70,9 @@ class TakenBack:
     def can_take(self) -> bool:
         return self._publisher.can_take()
 
-    def publish_and_take(self, run_id: str, step_id: str, generation: int, built: object = None) -> bool:
-        return self._publisher.publish_taken(_message(self._app, built, run_id, step_id, generation))
+    def publish_and_take(self, run_id: str, step_id: str, generation: int, built: object = None,
+                         ahead: ClaimAhead | None = None) -> bool:
+        return self._publisher.publish_taken(_message(self._app, built, run_id, step_id, generation), ahead)
 
 
 def _message(app: Any, built: object, run_id: str, step_id: str,

@@ -11,3 +11,6 @@ SPAWN_VM = "pal.spawn_vm"  # start one VM of a microVM run, on PAL_VM_QUEUE (a V
 # A doorbell's header: when it was published, or is due (a countdown's end), as Unix seconds. A step
 # span's queue wait is measured from it (docs/observability.md); it proves nothing and gates nothing.
 SENT_AT_HEADER = "pal_sent_at"
+# An own message's request attribute, never a header: the claim its completion took for the thread
+# that runs it (pal.core.records.ClaimAhead, an object no message can carry).
+CLAIM_AHEAD = "pal_claim_ahead"

@@ -12,12 +12,14 @@ from typing import Any
 from celery import Celery
 
 from pal.core.clock import utcnow
+from pal.core.records import ClaimAhead
 from pal.engine.recovery import sweep
 from pal.engine.runs import start_run
 from pal.engine.steps import execute_step
 from pal.engine.vms import spawn_vm
 from pal.errors import GraphError, InputError, Refused, StepFailed
 from pal.workers.task_names import (
+    CLAIM_AHEAD,
     EXECUTE_NODE,
     RECOMPUTE_BASELINES,
     SENT_AT_HEADER,
@@ -71,8 +73,10 @@ def execute_node(task: Any, run_id: Any, step_id: Any, generation: Any, signatur
                     "generation %.32r)", run_id, step_id, generation)
         return "forged"
     sent_at = getattr(task.request, SENT_AT_HEADER, None)
+    ahead = getattr(task.request, CLAIM_AHEAD, None)  # an own message's (pal.workers.inline)
     result = execute_step(rt, run_id, step_id, generation,
-                          sent_at=sent_at if isinstance(sent_at, float) else None)
+                          sent_at=sent_at if isinstance(sent_at, float) else None,
+                          ahead=ahead if isinstance(ahead, ClaimAhead) else None)
     if result.outcome == "failed":
         error = result.error or {}
         raise StepFailed(run_id, step_id, str(error.get("type", "")), str(error.get("message", ""))[:500])
