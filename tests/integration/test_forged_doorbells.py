@@ -61,6 +61,25 @@ def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> None:
         time.sleep(0.05)
 
 
+def through_a_worker(client: Client, queue: str, messages: list[tuple[list[Any], dict[str, Any]]]) -> list[Any]:
+    """Send each message (arguments, headers) through the broker to a real in-process worker; what
+    each task returned, in order."""
+    outcomes: dict[str, Any] = {}
+
+    def finished(sender: Any = None, task_id: str = "", retval: Any = None, **_: Any) -> None:
+        outcomes[task_id] = retval
+
+    task_postrun.connect(finished, weak=False)
+    try:
+        with in_process_worker(client):
+            ids = [client.app.send_task(EXECUTE_NODE, args=args, queue=queue, headers=headers).id
+                   for args, headers in messages]
+            wait_for(lambda: set(ids) <= outcomes.keys())
+    finally:
+        task_postrun.disconnect(finished)
+    return [outcomes[i] for i in ids]
+
+
 def test_forged_messages_through_celery_never_pass_an_approval(postgres_backend: Backend, counter: Path) -> None:
     """The review's attack: execute_node(run, "pay", g) for guessable g, sent through the broker to a
     real worker, unsigned or with made-up signatures, ran the connector behind the approval."""
@@ -76,20 +95,8 @@ def test_forged_messages_through_celery_never_pass_an_approval(postgres_backend:
         # A genuine signature, re-aimed: signed for `gate`, sent for `pay`; and a string generation.
         genuine = client.runtime.doorbell_signature(run_id, "gate", generation)
         forged += [[run_id, "pay", generation, genuine], [run_id, "pay", str(generation), genuine]]
-        outcomes: dict[str, Any] = {}
-
-        def finished(sender: Any = None, task_id: str = "", retval: Any = None, **_: Any) -> None:
-            outcomes[task_id] = retval
-
-        task_postrun.connect(finished, weak=False)
-        try:
-            with in_process_worker(client):
-                ids = [client.app.send_task(EXECUTE_NODE, args=args, queue=postgres_backend.settings.queue).id
-                       for args in forged]
-                wait_for(lambda: set(ids) <= outcomes.keys())
-        finally:
-            task_postrun.disconnect(finished)
-        assert {outcomes[i] for i in ids} == {"forged"}  # refused before the journal was touched
+        outcomes = through_a_worker(client, postgres_backend.settings.queue, [(args, {}) for args in forged])
+        assert set(outcomes) == {"forged"}  # refused before the journal was touched
         assert calls(counter) == []  # the step behind the approval never ran
         assert journal_of(client, run_id) == before  # nothing was written
         assert client.get_run(run_id).status == "waiting"
@@ -107,7 +114,7 @@ def test_forged_messages_through_celery_never_pass_an_approval(postgres_backend:
 
 def test_a_claim_ahead_header_on_a_message_claims_nothing(postgres_backend: Backend, counter: Path) -> None:
     """A completion's claim of the successor its worker runs next travels only in memory (an
-    ClaimAhead object, pal.workers.inline); a message that names one in a header, even a genuinely
+    ClaimAhead, pal.workers.inline); a message that names one in a header, even a genuinely
     signed doorbell, is claimed from the journal: off the frontier it is refused, writing nothing."""
     client = Client(postgres_backend.settings)
     try:
@@ -119,21 +126,8 @@ def test_a_claim_ahead_header_on_a_message_claims_nothing(postgres_backend: Back
         signature = client.runtime.doorbell_signature(run_id, "s1", generation)
         fake = {"run_id": run_id, "step_id": "s1", "generation": generation, "until": 1e12,
                 "claim": {"outcome": "run", "attempt": 1}}
-        outcomes: dict[str, Any] = {}
-
-        def finished(sender: Any = None, task_id: str = "", retval: Any = None, **_: Any) -> None:
-            outcomes[task_id] = retval
-
-        task_postrun.connect(finished, weak=False)
-        try:
-            with in_process_worker(client):
-                task_id = client.app.send_task(EXECUTE_NODE, args=[run_id, "s1", generation, signature],
-                                                queue=postgres_backend.settings.queue,
-                                                headers={CLAIM_AHEAD: fake}).id
-                wait_for(lambda: task_id in outcomes)
-        finally:
-            task_postrun.disconnect(finished)
-        assert outcomes[task_id] == "not_ready"
+        message = ([run_id, "s1", generation, signature], {CLAIM_AHEAD: fake})
+        assert through_a_worker(client, postgres_backend.settings.queue, [message]) == ["not_ready"]
         assert journal_of(client, run_id) == before and calls(counter) == []
     finally:
         client.close()

@@ -14,8 +14,9 @@
 --   pal_read_step_log      the log, writing nothing (a one-call claim whose log is behind)
 --   pal_journal_notify     NOTIFY for the SSE stream
 --
--- The functions that read the log plan it once for any run (plan_cache_mode force_generic_plan): a
--- plan made for one call's values can pick the primary key on seq and read every other run's events.
+-- The functions that read the log plan it once for any run (plan_cache_mode force_generic_plan, set
+-- on each): a plan made for one call's values can pick the primary key on seq and read every other
+-- run's events. pal_log_kinds holds the step log's kinds.
 --
 -- Migrations load this file (pal.storage.sql.load_functions): change a function here, then add a
 -- migration that loads the file again and records its new sha256 (tests/integration/test_migrations.py
@@ -30,36 +31,53 @@ AS $function$
             -- Extends the lease iff this generation holds it, and locks the run's lock row for the
             -- transaction: every writer of one run passes here, so its step events commit in seq
             -- order. p_needs: steps whose step_completed must exist too, else nothing is written.
+            -- Two statements, so each keeps one cached plan (one with `p_needs IS NULL OR ...`
+            -- would be planned again at every call: its plan for NULL looks cheaper).
+            IF p_needs IS NULL THEN
+                UPDATE run_locks SET expires_at = p_expires, worker_id = p_worker, redeliver_at = NULL
+                 WHERE run_locks.run_id = p_run AND run_locks.generation = p_generation;
+                RETURN FOUND;
+            END IF;
             UPDATE run_locks SET expires_at = p_expires, worker_id = p_worker, redeliver_at = NULL
              WHERE run_locks.run_id = p_run AND run_locks.generation = p_generation
-               AND (p_needs IS NULL OR NOT EXISTS (
-                      SELECT 1 FROM unnest(p_needs) AS needed(step_id)
-                       WHERE NOT EXISTS (SELECT 1 FROM journal_events e
-                                          WHERE e.run_id = p_run AND e.step_id = needed.step_id
-                                            AND e.kind = 'step_completed')));
+               AND NOT EXISTS (SELECT 1 FROM unnest(p_needs) AS needed(step_id)
+                                WHERE NOT EXISTS (SELECT 1 FROM journal_events e
+                                                   WHERE e.run_id = p_run AND e.step_id = needed.step_id
+                                                     AND e.kind = 'step_completed'));
             RETURN FOUND;
         END $function$;
+-- end
+
+CREATE OR REPLACE FUNCTION pal_log_kinds()
+ RETURNS text[]
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+        -- The kinds a claim and a hand-off decide on (pal.core.step_log.LOG_KINDS); immutable, so
+        -- a plan holds it as a constant.
+        SELECT ARRAY['step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated']
+$function$;
 -- end
 
 CREATE OR REPLACE FUNCTION pal_step_log(p_run text, p_after bigint)
  RETURNS jsonb
  LANGUAGE plpgsql
  STABLE
- SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
         BEGIN
-            -- The kinds a claim and a hand-off decide on (pal.core.step_log.LOG_KINDS). `run_id =
-            -- p_run AND seq > p_after` walks ix_journal_events_run_seq from (p_run, p_after).
+            -- `run_id = p_run AND seq > p_after` walks ix_journal_events_run_seq from (p_run,
+            -- p_after). Its callers set plan_cache_mode force_generic_plan, which this plan is made
+            -- under: a plan made for one call's values could pick the primary key on seq.
             RETURN (SELECT coalesce(jsonb_agg(jsonb_build_array(e.seq, e.step_id, e.kind, e.payload) ORDER BY e.seq), '[]'::jsonb)
                       FROM journal_events e
-                     WHERE e.run_id = p_run AND e.seq > p_after
-                       AND e.kind IN ('step_completed', 'step_retrying', 'step_waiting', 'approval_decided', 'confidence_evaluated'));
+                     WHERE e.run_id = p_run AND e.seq > p_after AND e.kind = ANY (pal_log_kinds()));
         END $function$;
 -- end
 
 CREATE OR REPLACE FUNCTION pal_fenced_log(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, OUT outcome text, OUT events jsonb)
  RETURNS record
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
         BEGIN
             -- outcome: fenced_out | read
@@ -79,6 +97,7 @@ AS $function$
 CREATE OR REPLACE FUNCTION pal_fenced_completion(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone, OUT outcome text, OUT events jsonb)
  RETURNS record
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
         BEGIN
             -- outcome: fenced_out | already_completed | completed
@@ -116,6 +135,7 @@ AS $function$
 CREATE OR REPLACE FUNCTION pal_claim(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone, p_first boolean, p_needs text[], OUT outcome text, OUT events jsonb)
  RETURNS record
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
         BEGIN
             -- outcome: refused | log_moved | duplicate | started. The caller predicted p_attempt
@@ -129,7 +149,8 @@ AS $function$
             END IF;
             PERFORM set_config('synchronous_commit', 'off', true);  -- as pal_fenced_log's
             events := pal_step_log(p_run, p_after);
-            IF EXISTS (SELECT 1 FROM jsonb_array_elements(events) AS e WHERE e->>1 = p_step) THEN
+            IF events <> '[]'::jsonb AND EXISTS (SELECT 1 FROM jsonb_array_elements(events) AS e
+                                                  WHERE e->>1 = p_step) THEN
                 outcome := 'log_moved';  -- an event the caller has not seen concerns the step
                 RETURN;
             END IF;
@@ -148,6 +169,7 @@ AS $function$
 CREATE OR REPLACE FUNCTION pal_complete(p_run text, p_generation integer, p_worker text, p_expires timestamp with time zone, p_after bigint, p_step text, p_attempt integer, p_payload jsonb, p_at timestamp with time zone, p_next text, p_next_attempt integer, p_next_payload jsonb, OUT outcome text, OUT seq bigint)
  RETURNS record
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
         BEGIN
             -- outcome: fenced_out | log_moved | already_completed | completed | next_started |
@@ -157,7 +179,8 @@ AS $function$
                 outcome := 'fenced_out';
                 RETURN;
             END IF;
-            IF pal_step_log(p_run, p_after) <> '[]'::jsonb THEN
+            IF EXISTS (SELECT 1 FROM journal_events e
+                        WHERE e.run_id = p_run AND e.seq > p_after AND e.kind = ANY (pal_log_kinds())) THEN
                 -- The plan came from an older log: the caller decides again, in a transaction.
                 -- Only the lease's renewal was written, which needs no WAL flush (as a claim's).
                 PERFORM set_config('synchronous_commit', 'off', true);
@@ -189,6 +212,7 @@ AS $function$
 CREATE OR REPLACE FUNCTION pal_read_step_log(p_run text, p_generation integer, p_after bigint, OUT outcome text, OUT events jsonb)
  RETURNS record
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
         BEGIN
             -- outcome: fenced_out | read. Writes nothing: a claim that turns out not to be ready

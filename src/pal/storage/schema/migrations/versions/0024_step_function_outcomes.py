@@ -24,7 +24,7 @@ down_revision = "0023"
 branch_labels = None
 depends_on = None
 
-SQL_SHA256 = "2f69055c11cb6efab7642c67fe2dd01d5c89cb1c7aafdb8c09e56f850e7aa6c4"
+SQL_SHA256 = "f7a2e6e73ba7d409c68f7bfc43a9aebdad90d8c59887af285b05cea38c1d2ef9"
 
 _RETIRED = (
     "pal_claim_fence(text, integer, text, timestamptz, bigint)",
