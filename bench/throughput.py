@@ -404,8 +404,8 @@ def anatomy(infra: Infra, length: int, tmp: Path) -> list[tuple[str, StepCost]]:
 
     Every SQL statement and COMMIT is one Postgres round trip (a pooled connection is pinged only
     after 1 s idle, which a busy step loop never is), except a one-call statement (pal.storage.one_call):
-    one round trip that is its own commit, counted as a statement and a commit. The rows counted
-    include the functions' marker rows. Publishing is recorded, not sent.
+    one round trip that is its own commit, counted as a statement and a commit (one row each).
+    Publishing is recorded, not sent.
     """
     schema, url = infra.new_schema("anatomy")
     try:
@@ -443,12 +443,12 @@ def anatomy(infra: Infra, length: int, tmp: Path) -> list[tuple[str, StepCost]]:
         if journal.calls is not None:  # Postgres: each one-call statement is its own commit
             one_call = journal.calls.rows
 
-            def counted_rows(call: FunctionCall, params: Any) -> list[tuple[Any, ...]]:
+            def counted_rows(call: FunctionCall, params: Any, meanwhile: Any = None) -> list[tuple[Any, ...]]:
                 cost.statements += 1
                 cost.commits += 1
                 t = time.perf_counter()
                 try:
-                    rows = one_call(call, params)
+                    rows = one_call(call, params, meanwhile)
                 finally:
                     cost.db_seconds += time.perf_counter() - t
                 cost.rows += len(rows)
@@ -465,8 +465,8 @@ def anatomy(infra: Infra, length: int, tmp: Path) -> list[tuple[str, StepCost]]:
                     cost.phases[name] = cost.phases.get(name, 0.0) + time.perf_counter() - t
             return wrapper
 
-        journal.claim_step = timed("claim", journal.steps.claim_step)  # type: ignore[method-assign]
-        journal.complete_step = timed("complete", journal.steps.complete_step)  # type: ignore[method-assign]
+        journal.steps.claim_step = timed("claim", journal.steps.claim_step)  # type: ignore[method-assign]
+        journal.steps.complete_step = timed("complete", journal.steps.complete_step)  # type: ignore[method-assign]
 
         start_run(rt, linear_graph(length))
         per_step: list[tuple[str, StepCost]] = []

@@ -1,10 +1,10 @@
 -- PAL's server-side functions on Postgres, in one file: the step protocol's single-call writes.
 --
--- Two helpers hold what every step function shares: pal_fence (the lease fence, the first write
--- of each) and pal_step_log (the step-log events after a seq, as one JSON array). Each step
--- function answers one row: an `outcome` word and, where it read the log, its `events`
--- ([seq, step_id, kind, payload] in seq order). docs/architecture.md, "The life of one step", says what
--- each decides; docs/decisions/sql-step-functions.md why they look like this.
+-- Helpers hold what the step functions share: pal_fence (the lease fence, the first write of each),
+-- pal_log_kinds (the step log's kinds), pal_step_log (the log after a seq, as one JSON array) and
+-- pal_append_once. Each step function answers one row: an `outcome` word and, where it read the
+-- log, its `events` ([seq, step_id, kind, payload] in seq order). docs/architecture.md, "The life
+-- of one step", says what each decides; docs/decisions/sql-step-functions.md why they look so.
 --
 --   pal_fenced_log         fence, then the log: a claim's transaction reads this
 --   pal_fenced_completion  fence, append step_completed once, then the log: a completion's transaction
@@ -16,7 +16,7 @@
 --
 -- The functions that read the log plan it once for any run (plan_cache_mode force_generic_plan, set
 -- on each): a plan made for one call's values can pick the primary key on seq and read every other
--- run's events. pal_log_kinds holds the step log's kinds.
+-- run's events.
 --
 -- Migrations load this file (pal.storage.sql.load_functions): change a function here, then add a
 -- migration that loads the file again and records its new sha256 (tests/integration/test_migrations.py
@@ -149,8 +149,10 @@ AS $function$
             END IF;
             PERFORM set_config('synchronous_commit', 'off', true);  -- as pal_fenced_log's
             events := pal_step_log(p_run, p_after);
-            IF events <> '[]'::jsonb AND EXISTS (SELECT 1 FROM jsonb_array_elements(events) AS e
-                                                  WHERE e->>1 = p_step) THEN
+            IF events <> '[]'::jsonb AND EXISTS (
+                   SELECT 1 FROM journal_events e
+                    WHERE e.run_id = p_run AND e.seq > p_after AND e.step_id = p_step
+                      AND e.kind = ANY (pal_log_kinds())) THEN
                 outcome := 'log_moved';  -- an event the caller has not seen concerns the step
                 RETURN;
             END IF;

@@ -24,7 +24,7 @@ down_revision = "0023"
 branch_labels = None
 depends_on = None
 
-SQL_SHA256 = "f7a2e6e73ba7d409c68f7bfc43a9aebdad90d8c59887af285b05cea38c1d2ef9"
+SQL_SHA256 = "75af167b0f30d1493035710933e77854d49c49b5da4502085f786678ee782b7c"
 
 _RETIRED = (
     "pal_claim_fence(text, integer, text, timestamptz, bigint)",
