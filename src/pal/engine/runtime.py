@@ -51,9 +51,8 @@ class Publish(Protocol):
 BuildMessage = Callable[[str, str, int, bool], object]
 """build(run_id, step_id, generation, own): a doorbell's message built ahead of its publish, to be
 passed to it as `built` (None when it cannot be built now); `own`: built as the message this thread
-will most likely take back and run itself (OwnMessages.publish_and_take). A publish that can do
-this carries it as its `build` attribute (pal.workers.publishing); one replaced by another (a
-test's outbox) does not."""
+will most likely take back and run itself (OwnMessages.publish_and_take). The builder belongs to
+the publish it was made with (`Runtime.use_publisher`)."""
 
 
 class OwnMessages(Protocol):
@@ -87,9 +86,10 @@ class WatchPlan:
 
 class Runtime:
     def __init__(self, settings: Settings, publish: Publish,
-                 publish_batch: PublishBatch = contextlib.nullcontext) -> None:
+                 publish_batch: PublishBatch = contextlib.nullcontext,
+                 build_message: BuildMessage | None = None) -> None:
         self.settings = settings
-        self.publish = publish
+        self.use_publisher(publish, build_message)
         self.publish_batch = publish_batch
         self.publish_vm: Callable[[str], None] = _no_vm_queue  # the VM queue's spawn (pal.engine.vms)
         self.own_messages: OwnMessages | None = None  # a solo worker's (pal.workers.publishing)
@@ -149,14 +149,28 @@ class Runtime:
         `claimed`): this thread will run that successor's message itself."""
         return self.own_messages is not None and self.own_messages.can_take()
 
+    def use_publisher(self, publish: Publish, build_message: BuildMessage | None = None) -> None:
+        """How this runtime rings doorbells, and (PAL's own publisher) how it builds a doorbell's
+        message ahead of its publish, which only that publish can send."""
+        self._publish, self.build_message = publish, build_message
+
+    @property
+    def publish(self) -> Publish:
+        return self._publish
+
+    @publish.setter
+    def publish(self, publish: Publish) -> None:
+        """Another publish (a test's outbox) builds nothing ahead: the builder was its predecessor's."""
+        self.use_publisher(publish)
+
     def build_hand_off(self, run_id: str, successors: Sequence[str], generation: int,
                        own: bool = False) -> dict[str, object]:
         """The successors' messages, built while the completion that must commit before they are
         sent is on its way to the journal (pal.engine.steps): the worker's work overlaps the
-        journal's. Empty unless the publish builds messages ahead (its `build`, BuildMessage).
-        `own`: the completion claims a lone successor for this thread, which will run its message
-        itself (`takes_own_message`)."""
-        build: BuildMessage | None = getattr(self.publish, "build", None)
+        journal's. Empty unless the publish builds messages ahead (`build_message`). `own`: the
+        completion claims a lone successor for this thread, which will run its message itself
+        (`takes_own_message`)."""
+        build = self.build_message
         if build is None:
             return {}
         own = own and len(successors) == 1

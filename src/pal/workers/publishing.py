@@ -10,13 +10,14 @@ from contextlib import contextmanager
 from typing import Any
 
 from pal.core.records import ClaimAhead
-from pal.engine.runtime import Publish, PublishBatch
+from pal.engine.runtime import BuildMessage, Publish, PublishBatch
 from pal.workers import celery_private
 from pal.workers.node_messages import Built, NodePublisher, OwnMessage
 from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
 
 
-def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None) -> tuple[Publish, PublishBatch]:
+def publisher_of(app: Any, queue: str,
+                 node_publisher: NodePublisher | None) -> tuple[Publish, PublishBatch, BuildMessage | None]:
     """`app` is the PalCelery whose runtime signs the messages; `node_publisher` its Redis fast path."""
     batching = threading.local()  # the producer of this thread's open publish batch, if any
 
@@ -50,13 +51,14 @@ def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None) -> 
             finally:
                 batching.producer = None
 
-    if node_publisher is not None:
-        def build(run_id: str, step_id: str, generation: int, own: bool = False) -> object:
-            """A doorbell's message, signed, built ahead of its publish (pal.engine.runtime.BuildMessage)."""
-            return node_publisher.build(_signed(app, run_id, step_id, generation), own)
-        publish.build = build  # type: ignore[attr-defined]
+    if node_publisher is None:
+        return publish, publish_batch, None
 
-    return publish, publish_batch
+    def build(run_id: str, step_id: str, generation: int, own: bool = False) -> object:
+        """A doorbell's message, signed, built ahead of its publish (pal.engine.runtime.BuildMessage)."""
+        return node_publisher.build(_signed(app, run_id, step_id, generation), own)
+
+    return publish, publish_batch, build
 
 
 class TakenBack:
