@@ -113,14 +113,12 @@ def test_forged_messages_through_celery_never_pass_an_approval(postgres_backend:
 
 
 def test_a_claim_ahead_header_on_a_message_claims_nothing(postgres_backend: Backend, counter: Path) -> None:
-    """A completion's claim of the successor its worker runs next travels only in memory (an
+    """A completion's claim of the successor its worker runs next travels only in memory (a
     ClaimAhead, pal.workers.inline); a message that names one in a header, even a genuinely
     signed doorbell, is claimed from the journal: off the frontier it is refused, writing nothing."""
     client = Client(postgres_backend.settings)
     try:
-        sent = capture(client)
-        run_id = client.start_run(linear(counter, 3), {})
-        execute_step(client.runtime, *sent.pop(0))
+        run_id, sent = start_linear(client, counter)
         (_, _, generation), = sent
         before = journal_of(client, run_id)
         signature = client.runtime.doorbell_signature(run_id, "s1", generation)
@@ -133,13 +131,17 @@ def test_a_claim_ahead_header_on_a_message_claims_nothing(postgres_backend: Back
         client.close()
 
 
-@pytest.fixture
-def started_linear(client: Client, counter: Path) -> tuple[str, list[Message]]:
+def start_linear(client: Client, counter: Path) -> tuple[str, list[Message]]:
     """start -> s0 -> s1 -> s2, with only the trigger run: s0's message is the one outstanding."""
     sent = capture(client)
     run_id = client.start_run(linear(counter, 3), {})
     execute_step(client.runtime, *sent.pop(0))
     return run_id, sent
+
+
+@pytest.fixture
+def started_linear(client: Client, counter: Path) -> tuple[str, list[Message]]:
+    return start_linear(client, counter)
 
 
 def test_a_step_off_the_frontier_is_refused_without_failing_the_run(
@@ -172,9 +174,7 @@ def test_generated_doorbells_off_the_frontier_write_nothing(
         postgres_backend: Backend, counter: Path, step: str, shift: int) -> None:
     client = Client(postgres_backend.settings)
     try:
-        sent = capture(client)
-        run_id = client.start_run(linear(counter, 3), {})
-        execute_step(client.runtime, *sent.pop(0))
+        run_id, sent = start_linear(client, counter)
         (_, ready, generation), = sent
         before = journal_of(client, run_id)
         outcome = execute_step(client.runtime, run_id, step, generation + shift).outcome

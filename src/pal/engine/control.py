@@ -27,9 +27,12 @@ class ControlPlane:
     def events(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
         return self._journal.runs.events(run_id, after_seq, limit)
 
-    def list_runs(self, **query: Any) -> list[RunRecord]:
-        """Runs newest first; `query` as pal.storage.runs.RunStore.list_runs takes it."""
-        return self._journal.runs.list_runs(**query)
+    def list_runs(self, *, tenant_id: str | None = None, status: str | None = None, limit: int = 50,
+                  offset: int = 0, graph: str | None = None, search: str | None = None,
+                  since: datetime | None = None, until: datetime | None = None) -> list[RunRecord]:
+        """Runs newest first, pages that never overlap (pal.storage.runs.RunStore.list_runs)."""
+        return self._journal.runs.list_runs(tenant_id=tenant_id, status=status, limit=limit, offset=offset,
+                                            graph=graph, search=search, since=since, until=until)
 
     def get_lease(self, run_id: str) -> Lease | None:
         return self._journal.runs.get_lease(run_id)
