@@ -3,7 +3,7 @@
 A solo worker publishes a step's only successor and takes that message straight back; its
 completion then starts the successor's attempt in the same transaction, and its next claim of that
 step, at that generation, needs no statement. These tests stand a Client for such a worker: its
-`own_messages` records the messages it took back (a real solo worker's chain is in
+`RunsNext` records the messages it took back (a real solo worker's chain is in
 tests/e2e/test_inline_steps.py). Postgres only: SQLite has no one-call completion, and claims as
 before.
 """
@@ -46,13 +46,15 @@ class TakingWorker:
         self.aheads: dict[Message, ClaimAhead] = {}  # a taken message's claim, as an OwnMessage carries it
         self.client.runtime.publish = lambda run_id, step_id, generation, countdown=0.0: (
             self.outbox.append((run_id, step_id, generation)))
-        self.client.runtime.own_messages = self
 
-    def can_take(self) -> bool:
+    def may_claim(self) -> bool:
         return self.takes
 
-    def publish_and_take(self, run_id: str, step_id: str, generation: int, built: object = None,
-                         ahead: ClaimAhead | None = None) -> bool:
+    def ring(self, run_id: str, step_id: str, generation: int, built: object = None) -> None:
+        self.outbox.append((run_id, step_id, generation))
+
+    def ring_own(self, run_id: str, step_id: str, generation: int, built: object = None,
+                 ahead: ClaimAhead | None = None) -> bool:
         message = (run_id, step_id, generation)
         (self.taken if self.takes_back else self.outbox).append(message)
         if self.takes_back and ahead is not None:
@@ -61,7 +63,8 @@ class TakingWorker:
 
     def deliver(self, message: Message) -> str:
         """Run a message as its worker would: a taken one with the claim it carries."""
-        return execute_step(self.client.runtime, *message, ahead=self.aheads.pop(message, None)).outcome
+        return execute_step(self.client.runtime, *message, ahead=self.aheads.pop(message, None),
+                            runs_next=self).outcome
 
     def deliver_from_queue(self, message: Message) -> str:
         """Run a message as any worker that took it from the queue would: with no claim ahead."""

@@ -20,7 +20,7 @@ from pal.client import Client
 from pal.core.doorbell import sign
 from pal.engine.steps import execute_step
 from pal.storage.schema import run_locks
-from pal.workers.task_names import CLAIM_AHEAD, EXECUTE_NODE
+from pal.workers.task_names import CLAIM_AHEAD, EXECUTE_NODE, RUNS_NEXT
 from tests.conftest import Backend
 from tests.integration.test_doctor import event
 from tests.support.graphs import approval, linear
@@ -127,6 +127,25 @@ def test_a_claim_ahead_header_on_a_message_claims_nothing(postgres_backend: Back
         message = ([run_id, "s1", generation, signature], {CLAIM_AHEAD: fake})
         assert through_a_worker(client, postgres_backend.settings.queue, [message]) == ["not_ready"]
         assert journal_of(client, run_id) == before and calls(counter) == []
+    finally:
+        client.close()
+
+
+def test_a_runs_next_header_on_a_message_takes_nothing(postgres_backend: Backend, counter: Path) -> None:
+    """A step's chance to take back the message its worker runs next is an object a solo worker
+    hands it (pal.workers.publishing.TakeBack); a header that names one is ignored: the step runs
+    and hands off as any other, its successor's message published for any worker."""
+    client = Client(postgres_backend.settings)
+    try:
+        run_id, sent = start_linear(client, counter)
+        (_, step_id, generation), = sent
+        signature = client.runtime.doorbell_signature(run_id, step_id, generation)
+        forged = {"take": {"taken": [], "until": 1e12}, "may_claim": True}
+        message = ([run_id, step_id, generation, signature], {RUNS_NEXT: forged})
+        assert through_a_worker(client, postgres_backend.settings.queue, [message]) == ["completed"]
+        assert calls(counter) == ["s0"]
+        assert sent[1:] == [(run_id, "s1", generation)]  # published, not claimed for anyone
+        assert ("step_started", "s1") not in journal_of(client, run_id)
     finally:
         client.close()
 

@@ -16,7 +16,7 @@ import redis
 
 from pal.client import Client
 from pal.workers.inline import InlineSteps
-from pal.workers.node_messages import OWN_TAKES_WHILE_OTHERS_WAIT, NodePublisher, OwnMessage
+from pal.workers.node_messages import OWN_TAKES_WHILE_OTHERS_WAIT, Lane, NodePublisher, OwnMessage, Take
 from pal.workers.pal_app import create_app
 from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
 from tests.conftest import Backend
@@ -116,28 +116,28 @@ def test_a_batch_holds_its_messages_until_it_ends_and_sends_them_with_their_even
     events.psubscribe(postgres_backend.settings.broker_key_prefix + "/*celeryev*")
     try:
         assert events.get_message(timeout=2.0) is not None  # the subscription is in place
-        with app.runtime.publish_batch():
-            for step in ("a", "b", "c"):
-                app.runtime.publish("run-1", step, 2)
-            with app.runtime.publish_batch():  # an inner batch joins the outer one
-                app.runtime.publish("run-1", "d", 2)
-            assert _queued(redis_client, postgres_backend) == []  # nothing left before the end
+        with app.runtime.publish_batch() as publish:
+            for step in ("a", "b", "c", "d"):
+                publish("run-1", step, 2)
+            app.runtime.publish("run-1", "outside", 2)  # the runtime's own publish is not held
+            assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["outside"]
+            redis_client.delete(postgres_backend.settings.broker_key_prefix + postgres_backend.settings.queue)
         queued = _queued(redis_client, postgres_backend)
         sent = _sent_events(events)
     finally:
         events.close()
     assert [m["body"][0][:3] for m in queued] == [["run-1", step, 2] for step in "abcd"]
-    assert [e["uuid"] for e in sent] == [m["headers"]["id"] for m in queued]
-    assert app.node_publisher is not None and app.node_publisher.sent == 4
+    assert [e["uuid"] for e in sent][-4:] == [m["headers"]["id"] for m in queued]
+    assert app.node_publisher is not None and app.node_publisher.sent == 5
 
 
 def test_a_batch_that_raises_sends_nothing(postgres_backend: Backend, redis_client: redis.Redis) -> None:
     app = create_app(postgres_backend.settings)
-    with pytest.raises(LookupError), app.runtime.publish_batch():
-        app.runtime.publish("run-1", "a", 2)
+    with pytest.raises(LookupError), app.runtime.publish_batch() as publish:
+        publish("run-1", "a", 2)
         raise LookupError("the pass died before its end")
     assert _queued(redis_client, postgres_backend) == []
-    app.runtime.publish("run-1", "b", 2)  # the thread is out of the batch: this one goes at once
+    app.runtime.publish("run-1", "b", 2)  # out of the batch: this one goes at once
     assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["b"]
 
 
@@ -150,24 +150,24 @@ def test_a_take_pops_the_oldest_message_with_the_publish_and_nothing_past_its_de
     publisher = app.node_publisher
     assert isinstance(publisher, NodePublisher)
     publisher.publish(["run_x", "older", 1, "sig"])
-    with publisher.taking_next() as taken:
-        publisher.publish(["run_x", "newer", 1, "sig"])
-    assert len(taken) == 1 and json.loads(base64.b64decode(json.loads(taken[0])["body"]))[0][1] == "older"
+    lane = Lane()
+    take = Take(lane)
+    publisher.publish(["run_x", "newer", 1, "sig"], take=take)
+    assert len(take.taken) == 1 and _step_of(take.taken[0]) == "older"
     assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["newer"]
-    with publisher.taking_next() as taken:  # the oldest again: the one the first take left
-        publisher.publish(["run_x", "own", 1, "sig"])
-    assert len(taken) == 1 and json.loads(base64.b64decode(json.loads(taken[0])["body"]))[0][1] == "newer"
-    with publisher.taking_next(until=time.monotonic() - 1) as taken:
-        publisher.publish(["run_x", "late", 1, "sig"])
-    assert taken == []
-    assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["own", "late"]
+    take = Take(lane)  # the oldest again: the one the first take left
+    publisher.publish(["run_x", "own", 1, "sig"], take=take)
+    publisher.publish(["run_x", "second", 1, "sig"], take=take)  # one take per step
+    assert [_step_of(raw) for raw in take.taken] == ["newer"]
+    take = Take(lane, until=time.monotonic() - 1)
+    publisher.publish(["run_x", "late", 1, "sig"], take=take)
+    assert take.taken == []
+    assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["own", "second", "late"]
     redis_client.delete(postgres_backend.settings.broker_key_prefix + postgres_backend.settings.queue)
-    with publisher.taking_next() as taken:  # an empty queue: the step takes its own successor
-        publisher.publish(["run_x", "alone", 1, "sig"])
-    assert len(taken) == 1 and json.loads(base64.b64decode(json.loads(taken[0])["body"]))[0][1] == "alone"
-    with publisher.taking_next() as taken:
-        pass  # nothing published: nothing taken
-    assert taken == [] and _queued(redis_client, postgres_backend) == []
+    take = Take(lane)  # an empty queue: the step takes its own successor
+    publisher.publish(["run_x", "alone", 1, "sig"], take=take)
+    assert [_step_of(raw) for raw in take.taken] == ["alone"]
+    assert _queued(redis_client, postgres_backend) == []
 
 
 def _step_of(taken: str | bytes | OwnMessage) -> str:
@@ -186,28 +186,26 @@ def test_a_step_takes_its_own_message_back_and_only_a_few_in_a_row_while_others_
     app = create_app(postgres_backend.settings)
     publisher = app.node_publisher
     assert isinstance(publisher, NodePublisher)
-    with publisher.taking_next() as taken:
-        assert publisher.can_take()
-        publisher.publish_taken(["run_x", "alone", 1, "sig"])
-        assert not publisher.can_take()  # one take per block
-    assert [_step_of(raw) for raw in taken] == ["alone"] and _queued(redis_client, postgres_backend) == []
+    lane = Lane()
+    take = Take(lane)
+    assert publisher.can_take(take)
+    assert publisher.publish_taken(["run_x", "alone", 1, "sig"], take)
+    assert not publisher.can_take(take)  # one take per step
+    assert [_step_of(raw) for raw in take.taken] == ["alone"] and _queued(redis_client, postgres_backend) == []
     publisher.publish(["run_y", "waiting", 1, "sig"])
     for i in range(OWN_TAKES_WHILE_OTHERS_WAIT):
-        with publisher.taking_next() as taken:
-            assert publisher.can_take()
-            publisher.publish_taken(["run_x", f"own{i}", 1, "sig"])
-        assert [_step_of(raw) for raw in taken] == [f"own{i}"]
-    with publisher.taking_next() as taken:
-        assert not publisher.can_take()  # run_y has waited long enough
-        publisher.publish(["run_x", "next", 1, "sig"])
-    assert [_step_of(raw) for raw in taken] == ["waiting"]
+        take = Take(lane)
+        assert publisher.can_take(take)
+        assert publisher.publish_taken(["run_x", f"own{i}", 1, "sig"], take)
+        assert [_step_of(raw) for raw in take.taken] == [f"own{i}"]
+    take = Take(lane)
+    assert not publisher.can_take(take)  # run_y has waited long enough
+    publisher.publish(["run_x", "next", 1, "sig"], take=take)
+    assert [_step_of(raw) for raw in take.taken] == ["waiting"]
     assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["next"]
-    with publisher.taking_next() as taken:
-        assert publisher.can_take()  # a fresh visit
-    with publisher.taking_next(until=time.monotonic() - 1):
-        assert not publisher.can_take()  # the chain has run long enough
-    with publisher.batch(), publisher.taking_next():
-        assert not publisher.can_take()  # a batch's publishes are held
+    assert publisher.can_take(Take(lane))  # a fresh visit
+    assert publisher.can_take(Take(Lane()))  # another lane's streak is its own
+    assert not publisher.can_take(Take(lane, until=time.monotonic() - 1))  # the chain has run long enough
 
 
 def _kill_connection(redis_client: redis.Redis, publisher: NodePublisher) -> None:
@@ -221,7 +219,7 @@ def _kill_connection(redis_client: redis.Redis, publisher: NodePublisher) -> Non
 
 def test_a_step_s_own_message_is_never_queued_and_carries_the_fields_of_its_task_sent_event(
         postgres_backend: Backend, redis_client: redis.Redis) -> None:
-    """`publish_taken` in a `taking_next` block: the message is this thread's without passing
+    """`publish_taken` with a step's Take: the message is its worker's without passing
     through the queue, so no other worker can take it; it is never even serialized (an
     OwnMessage), and nothing of it is published here: it carries the fields of the task-sent event
     send_task's would have, which the worker that runs it sends (pal.workers.inline), or
@@ -236,11 +234,11 @@ def test_a_step_s_own_message_is_never_queued_and_carries_the_fields_of_its_task
     signed = ["run_x", "first", 1, app.runtime.doorbell_signature("run_x", "first", 1)]
     try:
         assert events.get_message(timeout=2.0) is not None  # the subscription is in place
-        with publisher.taking_next() as taken:
-            assert publisher.publish_taken(signed)
+        take = Take(Lane())
+        assert publisher.publish_taken(signed, take)
         app.send_task(EXECUTE_NODE, args=signed, queue=postgres_backend.settings.queue)
         [stock_sent] = _sent_events(events)  # send_task's only: the own message published no event
-        [own] = taken
+        [own] = take.taken
         assert isinstance(own, OwnMessage) and own.args == signed and own.sent_event is not None
         publisher.publish_sent_event(own.sent_event)
         [own_sent] = _sent_events(events)
@@ -252,9 +250,9 @@ def test_a_step_s_own_message_is_never_queued_and_carries_the_fields_of_its_task
     assert _without_fresh(own_sent) == _without_fresh(stock_sent)  # Flower reads the same fields
     redis_client.delete(postgres_backend.settings.broker_key_prefix + postgres_backend.settings.queue)
     _kill_connection(redis_client, publisher)
-    with publisher.taking_next() as taken:
-        assert publisher.publish_taken(["run_x", "second", 1, "sig"])
-    assert [_step_of(raw) for raw in taken] == ["second"]
+    take = Take(Lane())
+    assert publisher.publish_taken(["run_x", "second", 1, "sig"], take)
+    assert [_step_of(raw) for raw in take.taken] == ["second"]
     publisher.publish(["run_x", "third", 1, "sig"])
     assert [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["third"]
     assert publisher.sent == 3  # the first, second and third: send_task's message is not this publisher's
@@ -270,9 +268,9 @@ def test_an_own_message_s_task_sent_event_goes_with_the_worker_s_events_or_alone
     publisher = app.node_publisher
     assert isinstance(publisher, NodePublisher)
     task = app.tasks[EXECUTE_NODE]
-    with publisher.taking_next() as taken:
-        assert publisher.publish_taken(["run_x", "own", 1, "sig"])
-    [own] = taken
+    take = Take(Lane())
+    assert publisher.publish_taken(["run_x", "own", 1, "sig"], take)
+    [own] = take.taken
     assert isinstance(own, OwnMessage) and own.sent_event is not None
     events = redis_client.pubsub()
     events.psubscribe(postgres_backend.settings.broker_key_prefix + "/*celeryev*")
@@ -327,9 +325,9 @@ def test_a_message_that_cannot_reach_the_broker_is_not_taken_and_goes_through_se
     def unreachable() -> None:
         raise redis.ConnectionError("the broker is down")
     monkeypatch.setattr(publisher, "_wire_of_process", unreachable)
-    with publisher.taking_next() as taken:
-        assert not publisher.publish_taken(["run_x", "second", 1, "sig"])
-    assert taken == [] and [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["second"]
+    take = Take(Lane())
+    assert not publisher.publish_taken(["run_x", "second", 1, "sig"], take)
+    assert take.taken == [] and [m["body"][0][1] for m in _queued(redis_client, postgres_backend)] == ["second"]
     assert publisher.sent == 0
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from pal.config import Settings
 from pal.core.clock import utcnow
 from pal.core.records import Recovery, RunRecord
-from pal.engine.runtime import Runtime
+from pal.engine.runtime import Publish, Runtime
 from pal.engine.tracing import end_generation
 from pal.engine.vms import resume_microvm_runs
 from pal.engine.waiting import wake
@@ -50,8 +50,10 @@ class SweepReport:
 
 
 def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True, allow_idle: bool = False,
-            lease_ttl: float = RECOVERY_LEASE_SECONDS, now: datetime | None = None) -> Recovery | None:
-    """Take over the run's lease and dispatch its first incomplete steps (a replay).
+            lease_ttl: float = RECOVERY_LEASE_SECONDS, now: datetime | None = None,
+            publish: Publish | None = None) -> Recovery | None:
+    """Take over the run's lease and dispatch its first incomplete steps (a replay), with
+    `publish` (the runtime's, unless a batch's).
 
     A finished run, or one whose lease is still live (when `require_expired`), is left alone.
     """
@@ -62,7 +64,7 @@ def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True, allow_idl
         allow_idle=allow_idle, redeliver_after=redelivery_gap(rt.settings),
     )
     if recovery is not None:
-        _publish(rt, run_id, recovery)
+        _publish(publish or rt.publish, run_id, recovery)
         _trace_takeover(rt, run_id, recovery, now or utcnow())
     return recovery
 
@@ -94,9 +96,9 @@ def _replay_plan(rt: Runtime) -> Callable[[RunRecord, Mapping[str, Any]], tuple[
     return plan
 
 
-def _publish(rt: Runtime, run_id: str, recovery: Recovery) -> None:
+def _publish(publish: Publish, run_id: str, recovery: Recovery) -> None:
     for step_id in recovery.resumed_steps:
-        rt.publish(run_id, step_id, recovery.generation)
+        publish(run_id, step_id, recovery.generation)
 
 
 def sweep(rt: Runtime, now: datetime | None = None) -> SweepReport:
@@ -108,9 +110,9 @@ def sweep(rt: Runtime, now: datetime | None = None) -> SweepReport:
     # The pass's messages go out together at its end: one broker round trip instead of two per
     # message. Each is published only after its run's recovery committed, as before; a pass that
     # dies first leaves them to the redelivery below (redeliver_at).
-    with rt.publish_batch():
-        _redrive_all(rt, orphans, now, report)
-        _redeliver_all(rt, now, report)
+    with rt.publish_batch() as publish:
+        _redrive_all(rt, publish, orphans, now, report)
+        _redeliver_all(rt, publish, now, report)
     report.microvm = resume_microvm_runs(rt, now, SWEEP_BATCH)
     for run_id in rt.journal.waits.due_waiting_runs(now=now, limit=SWEEP_BATCH):
         try:
@@ -120,7 +122,8 @@ def sweep(rt: Runtime, now: datetime | None = None) -> SweepReport:
     return report
 
 
-def _redrive_all(rt: Runtime, orphans: list[str], now: datetime, report: SweepReport) -> None:
+def _redrive_all(rt: Runtime, publish: Publish, orphans: list[str], now: datetime,
+                 report: SweepReport) -> None:
     """Re-drive the orphans in one transaction; run by run if the batch fails as a whole (one run
     whose plan cannot be made must not hold up the others)."""
     if not orphans:
@@ -133,10 +136,10 @@ def _redrive_all(rt: Runtime, orphans: list[str], now: datetime, report: SweepRe
     except PalError:
         log.warning("sweep: re-driving %d orphans together failed; one by one", len(orphans),
                     exc_info=True)
-        _redrive_one_by_one(rt, orphans, now, report)
+        _redrive_one_by_one(rt, publish, orphans, now, report)
         return
     for run_id, recovery in recoveries.items():
-        _publish(rt, run_id, recovery)
+        _publish(publish, run_id, recovery)
         _recovered(report, run_id, recovery)
         _trace_takeover(rt, run_id, recovery, now)
 
@@ -147,10 +150,11 @@ def _recovered(report: SweepReport, run_id: str, recovery: Recovery) -> None:
              recovery.generation, ", ".join(recovery.resumed_steps) or "nothing to resume")
 
 
-def _redrive_one_by_one(rt: Runtime, orphans: list[str], now: datetime, report: SweepReport) -> None:
+def _redrive_one_by_one(rt: Runtime, publish: Publish, orphans: list[str], now: datetime,
+                        report: SweepReport) -> None:
     for run_id in orphans:
         try:
-            recovery = redrive(rt, run_id, now=now)
+            recovery = redrive(rt, run_id, now=now, publish=publish)
         except PalError:
             log.exception("sweep: re-drive of run %s failed; the next pass retries", run_id)
             continue
@@ -158,7 +162,7 @@ def _redrive_one_by_one(rt: Runtime, orphans: list[str], now: datetime, report: 
             _recovered(report, run_id, recovery)
 
 
-def _redeliver_all(rt: Runtime, now: datetime, report: SweepReport) -> None:
+def _redeliver_all(rt: Runtime, publish: Publish, now: datetime, report: SweepReport) -> None:
     for run_id in rt.journal.recovery.redeliverable_runs(now=now, limit=SWEEP_BATCH):
         try:
             again = rt.journal.recovery.redeliver(run_id=run_id, now=now, min_gap=redelivery_gap(rt.settings),
@@ -167,7 +171,7 @@ def _redeliver_all(rt: Runtime, now: datetime, report: SweepReport) -> None:
             log.exception("sweep: redelivery of run %s failed; the next pass retries", run_id)
             continue
         if again is not None:
-            _publish(rt, run_id, again)
+            _publish(publish, run_id, again)
             report.redelivered[run_id] = again
             log.info("sweep: run %s: no claim since its recovery, sent again: %s", run_id,
                      ", ".join(again.resumed_steps))

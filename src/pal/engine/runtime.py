@@ -50,28 +50,33 @@ class Publish(Protocol):
 
 BuildMessage = Callable[[str, str, int, bool], object]
 """build(run_id, step_id, generation, own): a doorbell's message built ahead of its publish, to be
-passed to it as `built` (None when it cannot be built now); `own`: built as the message this thread
-will most likely take back and run itself (OwnMessages.publish_and_take). The builder belongs to
-the publish it was made with (`Runtime.use_publisher`)."""
+passed to it as `built` (None when it cannot be built now); `own`: built as the message its worker
+will most likely run itself next (RunsNext.ring_own). The builder belongs to the publish it was
+made with (`Runtime.use_publisher`)."""
 
 
-class OwnMessages(Protocol):
-    """A worker that runs the message it publishes next itself (a solo worker's chain of steps,
-    pal.workers.inline): the completion before that publish may claim the step for it."""
+class RunsNext(Protocol):
+    """The worker running this step runs one message of its hand-off next, itself (a solo worker's
+    chain of steps, pal.workers.inline): the completion may claim a lone successor for it. Passed
+    to `execute_step` by that worker, never found on the runtime."""
 
-    def can_take(self) -> bool:
-        """Whether this thread's next publish will take its own message back."""
+    def may_claim(self) -> bool:
+        """Whether the completion may claim a lone successor for this worker (it will take it back)."""
 
-    def publish_and_take(self, run_id: str, step_id: str, generation: int, built: object = None,
-                         ahead: ClaimAhead | None = None) -> bool:
-        """Ring the doorbell for one step and take that very message, for this thread to run next
-        with `ahead`, the step's claim, which it passes to `execute_step`; False when it was
-        published to the queue instead (any worker may take it, and claims it from the journal)."""
+    def ring(self, run_id: str, step_id: str, generation: int, built: object = None) -> None:
+        """Ring a successor's doorbell, as `Runtime.publish` does (the worker may take the queue's
+        oldest message with it, to run next)."""
+
+    def ring_own(self, run_id: str, step_id: str, generation: int, built: object = None,
+                 ahead: ClaimAhead | None = None) -> bool:
+        """Ring the doorbell of the successor the completion claimed (`ahead`) and keep that very
+        message, for this worker to run next with its claim; False when it went to the queue
+        instead (any worker may take it, finds the step started, and the sweep re-drives it)."""
 
 
-PublishBatch = Callable[[], AbstractContextManager[None]]
-"""publish_batch(): within it, this thread's publishes may be buffered and sent together at its
-end (one broker round trip for a sweep's messages); an exception out of it may drop them."""
+PublishBatch = Callable[[], AbstractContextManager[Publish]]
+"""publish_batch(): a publish whose messages may be held and sent together when the block ends (one
+broker round trip for a sweep's messages); an exception out of the block may drop them."""
 
 
 _PLAN_CACHE_SIZE = 256
@@ -86,13 +91,11 @@ class WatchPlan:
 
 class Runtime:
     def __init__(self, settings: Settings, publish: Publish,
-                 publish_batch: PublishBatch = contextlib.nullcontext,
+                 publish_batch: PublishBatch | None = None,
                  build_message: BuildMessage | None = None) -> None:
         self.settings = settings
-        self.use_publisher(publish, build_message)
-        self.publish_batch = publish_batch
+        self.use_publisher(publish, publish_batch, build_message)
         self.publish_vm: Callable[[str], None] = _no_vm_queue  # the VM queue's spawn (pal.engine.vms)
-        self.own_messages: OwnMessages | None = None  # a solo worker's (pal.workers.publishing)
         self.leases = LeaseKeeper(self._renew_lease, settings.lease_ttl)
         # Awaitable effects run on an event loop: a worker's (pal.workers.pal_app); elsewhere in the thread.
         self.async_steps: AsyncSteps | None = None
@@ -144,15 +147,13 @@ class Runtime:
         """This process's fence for a write of `generation` now (the lease runs PAL_LEASE_TTL on)."""
         return Fence(run_id, generation, self.worker_id, utcnow(), self.settings.lease_ttl)
 
-    def takes_own_message(self) -> bool:
-        """Whether the step this thread completes next may claim its successor (`hand_off`'s
-        `claimed`): this thread will run that successor's message itself."""
-        return self.own_messages is not None and self.own_messages.can_take()
-
-    def use_publisher(self, publish: Publish, build_message: BuildMessage | None = None) -> None:
-        """How this runtime rings doorbells, and (PAL's own publisher) how it builds a doorbell's
-        message ahead of its publish, which only that publish can send."""
+    def use_publisher(self, publish: Publish, publish_batch: PublishBatch | None = None,
+                      build_message: BuildMessage | None = None) -> None:
+        """How this runtime rings doorbells: one at a time, in a batch (else one at a time), and
+        (PAL's own publisher) how it builds a doorbell's message ahead of its publish, which only
+        that publish can send."""
         self._publish, self.build_message = publish, build_message
+        self.publish_batch: PublishBatch = publish_batch or (lambda: contextlib.nullcontext(publish))
 
     @property
     def publish(self) -> Publish:
@@ -160,7 +161,7 @@ class Runtime:
 
     @publish.setter
     def publish(self, publish: Publish) -> None:
-        """Another publish (a test's outbox) builds nothing ahead: the builder was its predecessor's."""
+        """Another publish (a test's outbox) builds and batches nothing: those were its predecessor's."""
         self.use_publisher(publish)
 
     def build_hand_off(self, run_id: str, successors: Sequence[str], generation: int,
@@ -168,8 +169,8 @@ class Runtime:
         """The successors' messages, built while the completion that must commit before they are
         sent is on its way to the journal (pal.engine.steps): the worker's work overlaps the
         journal's. Empty unless the publish builds messages ahead (`build_message`). `own`: the
-        completion claims a lone successor for this thread, which will run its message itself
-        (`takes_own_message`)."""
+        completion claims a lone successor for its worker, which will run its message itself
+        (RunsNext)."""
         build = self.build_message
         if build is None:
             return {}
@@ -179,11 +180,11 @@ class Runtime:
 
     def hand_off(self, run_id: str, step_id: str, successors: Sequence[str], generation: int,
                  ahead: ClaimAhead | None = None, built: Mapping[str, object] | None = None,
-                 kept: bool = False) -> None:
+                 kept: bool = False, runs_next: RunsNext | None = None) -> None:
         """Ring the successors of a completed step, only after its completion has committed: a
         crash before (the fault points) leaves a lease that lapses, and the sweep re-drives them.
-        `ahead`: the claim of the successor whose attempt the completion started for this thread,
-        whose message this thread takes back to run next, the claim with it. `built`: messages
+        `ahead`: the claim of the successor whose attempt the completion started for this worker,
+        which `runs_next` takes back to run next, the claim with it. `built`: messages
         `build_hand_off` made. `kept`: this thread runs that successor next with no message at all
         (a finisher's chain, pal.engine.async_steps)."""
         faults.point("after_complete_commit", step_id, run_id)
@@ -193,14 +194,16 @@ class Runtime:
             claimed = ahead is not None and successor == ahead.step_id
             if claimed and kept:
                 continue
-            if claimed and self.own_messages is not None:
+            if runs_next is None and message is not None:
+                self.publish(run_id, successor, generation, built=message)
+            elif runs_next is None:
+                self.publish(run_id, successor, generation)
+            elif claimed:
                 # Not taken back, it goes to the queue and its claim ahead is dropped with it: the
                 # worker that takes it finds the step started, and the sweep re-drives it.
-                self.own_messages.publish_and_take(run_id, successor, generation, built=message, ahead=ahead)
-            elif message is not None:
-                self.publish(run_id, successor, generation, built=message)
+                runs_next.ring_own(run_id, successor, generation, built=message, ahead=ahead)
             else:
-                self.publish(run_id, successor, generation)
+                runs_next.ring(run_id, successor, generation, built=message)
 
     @property
     def worker_id(self) -> str:

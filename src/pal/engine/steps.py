@@ -24,7 +24,7 @@ from pal.core.secrets import reveal, scrub_known
 from pal.engine.gate import gate
 from pal.engine.heartbeat import LeaseGone, TimeLimitReached
 from pal.engine.receipt_book import JournalReceipts
-from pal.engine.runtime import Runtime
+from pal.engine.runtime import RunsNext, Runtime
 from pal.engine.services import NodeServices
 from pal.engine.tracing import Tracing, end_generation
 from pal.engine.waiting import wake_quietly
@@ -75,19 +75,21 @@ def step_time_limit(data: Mapping[str, Any], settings: Settings) -> float:
 
 
 def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int,
-                 sent_at: float | None = None, ahead: ClaimAhead | None = None) -> StepResult:
+                 sent_at: float | None = None, ahead: ClaimAhead | None = None,
+                 runs_next: RunsNext | None = None) -> StepResult:
     """Run one step of one run, exactly as one `pal.execute_node` message asks (`sent_at`: when
     the message was published or due, Unix seconds, for the step span's queue wait; `ahead`: the
-    claim the completion before it took for this caller, `StepResult.ahead`). A worker process
-    runs at most PAL_ASYNC_STEPS at once (pal.engine.async_steps)."""
+    claim the completion before it took for this caller; `runs_next`: the caller runs one message
+    of the hand-off next itself). A worker process runs at most PAL_ASYNC_STEPS at once
+    (pal.engine.async_steps)."""
     if rt.async_steps is None:
-        return _execute(rt, run_id, step_id, generation, sent_at, ahead)
+        return _execute(rt, run_id, step_id, generation, sent_at, ahead, runs_next)
     with rt.async_steps.slot():
-        return _execute(rt, run_id, step_id, generation, sent_at, ahead)
+        return _execute(rt, run_id, step_id, generation, sent_at, ahead, runs_next)
 
 
 def _execute(rt: Runtime, run_id: str, step_id: str, generation: int, sent_at: float | None,
-             ahead: ClaimAhead | None) -> StepResult:
+             ahead: ClaimAhead | None, runs_next: RunsNext | None) -> StepResult:
     settings, journal = rt.settings, rt.journal
     claim = _once_more_if_disconnected(lambda: journal.steps.claim_step(
         rt.fence(run_id, generation), step_id,
@@ -106,12 +108,12 @@ def _execute(rt: Runtime, run_id: str, step_id: str, generation: int, sent_at: f
     faults.point("after_claim_commit", step_id, run_id)
     tracing = rt.tracing
     if tracing is None:
-        return _run_claimed(rt, claim, step_id, generation)
-    return _traced(rt, tracing, claim, step_id, generation, sent_at)
+        return _run_claimed(rt, claim, step_id, generation, runs_next=runs_next)
+    return _traced(rt, tracing, claim, step_id, generation, sent_at, runs_next)
 
 
 def _traced(rt: Runtime, tracing: Tracing, claim: Claim, step_id: str, generation: int,
-            sent_at: float | None) -> StepResult:
+            sent_at: float | None, runs_next: RunsNext | None) -> StepResult:
     """The claimed attempt inside its span; the generation's root span when the run finishes or
     parks here (docs/observability.md)."""
     assert claim.run is not None
@@ -131,7 +133,7 @@ def _traced(rt: Runtime, tracing: Tracing, claim: Claim, step_id: str, generatio
 
     try:
         with span.current():
-            result = _run_claimed(rt, claim, step_id, generation, after=traced)
+            result = _run_claimed(rt, claim, step_id, generation, after=traced, runs_next=runs_next)
     except BaseException:
         span.end()
         raise
@@ -150,10 +152,12 @@ def _end_generation(rt: Runtime, tracing: Tracing, claim: Claim, generation: int
 
 
 def _run_claimed(rt: Runtime, claim: Claim, step_id: str, generation: int,
-                 after: Callable[[StepResult], object] | None = None) -> StepResult:
+                 after: Callable[[StepResult], object] | None = None,
+                 runs_next: RunsNext | None = None) -> StepResult:
     """Phase 2 and 3 of the step protocol for an attempt this worker claimed. A node whose effect
     is awaitable runs on the process's event loop (pal.engine.async_steps): the attempt is then
-    AWAITING, and `after` gets its result once its outcome is journaled."""
+    AWAITING, and `after` gets its result once its outcome is journaled (its finisher, not the
+    caller, runs what comes next: `runs_next` serves a step settled here only)."""
     assert claim.run is not None
     run_id, settings = claim.run.id, rt.settings
     program = rt.program_of(claim.run)
@@ -188,7 +192,8 @@ def _run_claimed(rt: Runtime, claim: Claim, step_id: str, generation: int,
         outcome = ran
     except (LeaseLost, LeaseGone, TimeLimitReached, Exception) as exc:
         outcome = exc
-    return _Settle(rt, claim, step_id, generation, program, policy, limit_s, paused).settle(outcome)
+    return _Settle(rt, claim, step_id, generation, program, policy, limit_s, paused).settle(
+        outcome, runs_next=runs_next)
 
 
 @dataclass(frozen=True)
@@ -221,7 +226,8 @@ class _Settle:
             ahead = result.ahead
             execute_step(self.rt, self.claim.run.id, ahead.step_id, self.generation, ahead=ahead)
 
-    def settle(self, outcome: NodeResult | Park | BaseException, chain: bool = False) -> StepResult:
+    def settle(self, outcome: NodeResult | Park | BaseException, chain: bool = False,
+               runs_next: RunsNext | None = None) -> StepResult:
         rt, claim, step_id, generation = self.rt, self.claim, self.step_id, self.generation
         assert claim.run is not None
         run_id = claim.run.id
@@ -247,7 +253,8 @@ class _Settle:
             # retry would start a second child); the lease lapses and a re-drive parks the same attempt.
             return _park(rt, claim.run, step_id, claim.attempt, generation, outcome, self.program)
         watch_usage(rt, claim.run, step_id, generation, outcome.usage)
-        return _complete(rt, claim.run, step_id, claim.attempt, generation, outcome, self.program, chain)
+        return _complete(rt, claim.run, step_id, claim.attempt, generation, outcome, self.program, chain,
+                         runs_next)
 
 
 def _input(run: RunRecord) -> Any:
@@ -288,12 +295,13 @@ def _checked(rt: Runtime, run: RunRecord, raw: Any) -> NodeResult | Park:
 
 
 def _complete(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: int, result: NodeResult,
-              program: Program, chain: bool = False) -> StepResult:
+              program: Program, chain: bool = False, runs_next: RunsNext | None = None) -> StepResult:
     """Step protocol, phase 3: journal the completion, then (only after it committed) publish.
     `chain`: the caller (a finisher of awaited steps) runs the one successor next itself when that
-    successor is chainable (NodeKind.chainable), instead of publishing its message."""
-    # A worker that runs its next message itself lets the completion start its one successor too.
-    own = rt.takes_own_message()
+    successor is chainable (NodeKind.chainable), instead of publishing its message. `runs_next`:
+    the caller runs one message of the hand-off next, so the completion may claim a lone
+    successor for it."""
+    own = runs_next is not None and runs_next.may_claim()
     claim_next: ClaimNext = own or (chain and (lambda successor: _chainable(rt, program, successor)))
     built: dict[str, object] = {}
 
@@ -316,7 +324,7 @@ def _complete(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generatio
     # (a successor the completion started too is resumed with the same attempt).
     kept = handoff.ahead if chain and not own else None  # a finisher's chain: no message at all
     rt.hand_off(run.id, step_id, handoff.dispatch, generation, ahead=handoff.ahead, built=built,
-                kept=kept is not None)
+                kept=kept is not None, runs_next=runs_next)
     if handoff.finished:
         _wake_parent(rt, run.parent_run_id)
     return StepResult("completed", handoff.dispatch, handoff.finished, usage=result.usage, ahead=kept)

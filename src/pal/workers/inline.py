@@ -27,7 +27,6 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import Any
 
 from celery.utils.saferepr import saferepr
@@ -37,8 +36,9 @@ from kombu.utils import json as kombu_json
 
 from pal.errors import StepFailed
 from pal.workers import celery_private, redis_transport
-from pal.workers.node_messages import OwnMessage
-from pal.workers.task_names import CLAIM_AHEAD, SENT_AT_HEADER
+from pal.workers.node_messages import Lane, OwnMessage, Take
+from pal.workers.publishing import TakeBack
+from pal.workers.task_names import CLAIM_AHEAD, RUNS_NEXT, SENT_AT_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def execute_node_strategy(task: Any, app: Any, consumer: Any, **options: Any) ->
         return celery_handler  # the step runs in a pool process or thread, as Celery arranges it
     if not celery_private.fast_paths().on("inline"):
         return celery_handler  # Celery's own strategy: the public path
-    redis_transport.AT_MOST_ONCE_TASKS.add(task.name)
+    redis_transport.take_at_most_once(consumer.connection, task.name)
     log.info("pid %d runs %s inline (solo pool)", os.getpid(), task.name)
     return InlineSteps(task, app, consumer, celery_handler).handle
 
@@ -76,7 +76,7 @@ class InlineSteps:
     """The message handler of one solo worker's `pal.execute_node` messages."""
 
     def __init__(self, task: Any, app: Any, consumer: Any, celery_handler: Callable[..., None]) -> None:
-        self.task, self.consumer, self.celery_handler = task, consumer, celery_handler
+        self.task, self.app, self.consumer, self.celery_handler = task, app, consumer, celery_handler
         eventer = consumer.event_dispatcher
         sends = eventer is not None and eventer.enabled and task.send_events
         self.send_event = eventer.send if sends else None
@@ -84,6 +84,7 @@ class InlineSteps:
         self.queue = app.runtime.settings.queue
         self.pending: deque[Next] = deque()  # what a step took, and messages delivered during one
         self.running = False
+        self.lane = Lane()  # kept from one step of the chain to the next
 
     def handle(self, message: Any, payload: Any, ack: Any, reject: Any, callbacks: Any,
                **kwargs: Any) -> None:
@@ -118,16 +119,21 @@ class InlineSteps:
 
     def _run(self, delivery: Next, *, take: bool, until: float) -> str | bytes | OwnMessage | None:
         """Run one message's step; the message its hand-off took, if any (from the queue, or its own)."""
+        publisher, taking, runs_next = self.publisher, None, None
+        if take and publisher is not None:  # the step's hand-off may take the message run next
+            taking = Take(self.lane, until)
+            runs_next = TakeBack(self.app, publisher, taking)
         if isinstance(delivery, OwnMessage):
             request = dict(id=delivery.task_id, root_id=delivery.root_id, parent_id=delivery.parent_id,
                            headers=None, delivery_info={"exchange": "", "routing_key": self.queue},
-                           **{SENT_AT_HEADER: delivery.sent_at, CLAIM_AHEAD: delivery.claim_ahead})
+                           **{SENT_AT_HEADER: delivery.sent_at, CLAIM_AHEAD: delivery.claim_ahead,
+                              RUNS_NEXT: runs_next})
             received = dict(args=delivery.argsrepr, kwargs="{}", root_id=delivery.root_id,
                             parent_id=delivery.parent_id, retries=0)
             if delivery.sent_event is not None:
                 self._sent(delivery.sent_event)
             return self._step(delivery.task_id, received, lambda: self._call(delivery.args, {}, request),
-                              None, take, until)
+                              None, taking)
         message, payload, ack, reject, callbacks, kwargs = delivery
         headers = message.headers
         if payload is not None or redis_transport.waits_in_memory(headers):
@@ -140,14 +146,14 @@ class InlineSteps:
             return self._call(args, task_kwargs, dict(
                 id=headers.get("id"), root_id=headers.get("root_id"), parent_id=headers.get("parent_id"),
                 headers=headers, delivery_info=message.delivery_info,
-                **{SENT_AT_HEADER: headers.get(SENT_AT_HEADER)}))
+                **{SENT_AT_HEADER: headers.get(SENT_AT_HEADER), RUNS_NEXT: runs_next}))
 
         def acknowledge() -> None:
             message.ack_log_error(log, self.consumer.connection_errors)
         received = dict(args=headers.get("argsrepr"), kwargs=headers.get("kwargsrepr"),
                         root_id=headers.get("root_id"), parent_id=headers.get("parent_id"),
                         retries=headers.get("retries", 0))
-        return self._step(headers.get("id"), received, call, acknowledge, take, until)
+        return self._step(headers.get("id"), received, call, acknowledge, taking)
 
     def _sent(self, fields: dict[str, Any]) -> None:
         """An own message's task-sent event: buffered with this step's other events, or, when this
@@ -156,14 +162,13 @@ class InlineSteps:
         if self.send_event is not None and _sends_task_events(self.consumer.event_dispatcher):
             self.send_event("task-sent", **fields)
         elif self.publisher is not None:
-            self.publisher.publish_sent_event(fields)
+            self.publisher.publish_sent_event(fields, self.lane)
 
     def _step(self, task_id: Any, received: dict[str, Any], call: Callable[[], Any],
-              acknowledge: Callable[[], None] | None, take: bool,
-              until: float) -> str | bytes | OwnMessage | None:
+              acknowledge: Callable[[], None] | None, taking: Take | None) -> str | bytes | OwnMessage | None:
         """Run a step (`call`) with its task events (`received`: the task-received event's fields)
         and the worker's counters; then acknowledge its message, if it has one. The message its
-        hand-off took, if any."""
+        hand-off took into `taking`, if any."""
         task, send_event = self.task, self.send_event
         if send_event is not None:
             send_event("task-received", uuid=task_id, name=task.name, eta=None, expires=None, **received)
@@ -171,12 +176,9 @@ class InlineSteps:
         worker_state.total_count[task.name] += 1
         worker_state.all_total_count[0] += 1
         began = time.monotonic()
-        publisher = self.publisher if take else None
-        taking = publisher.taking_next(until) if publisher is not None else nullcontext([])
         failure: Exception | None = None
         try:
-            with taking as taken:
-                outcome = call()
+            outcome = call()
         except Exception as exc:  # the step's failure is journaled; anything else is logged here
             failure = exc
         if acknowledge is not None:
@@ -186,7 +188,7 @@ class InlineSteps:
         elif send_event is not None:
             result = repr(outcome) if isinstance(outcome, str) else saferepr(outcome)  # an outcome's name
             send_event("task-succeeded", uuid=task_id, result=result, runtime=time.monotonic() - began)
-        return taken[0] if taken else None
+        return taking.taken[0] if taking is not None and taking.taken else None
 
     def _failed(self, task_id: Any, exc: Exception) -> None:
         """Log a message's failure as Celery would, and tell Flower."""

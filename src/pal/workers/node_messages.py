@@ -33,7 +33,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kombu.utils.uuid import uuid
@@ -65,13 +65,11 @@ class Built:
 
 @dataclass(frozen=True)
 class OwnMessage:
-    """A message this thread runs itself next (`publish_taken` in a `taking_next` block), kept in
-    memory: never serialized, never queued, so no other worker can take it, and none of the work
-    of encoding it here and decoding it in the consumer (pal.workers.inline runs it directly).
-    Its fields are those the message would have carried, so its task runs with the same request
-    and Flower gets the same task events. Its task-sent event (`sent_event`) is sent by the worker
-    that runs it, buffered with that step's other task events (pal.workers.inline): one publish
-    per flush instead of an event message built, encoded and published per step."""
+    """A message its worker runs itself next (`publish_taken`), kept in memory: never serialized,
+    never queued, so no other worker can take it. Its fields are those the message would have
+    carried, so its task runs with the same request and Flower gets the same task events; its
+    task-sent event (`sent_event`) is sent by the worker that runs it, with that step's other task
+    events (pal.workers.inline)."""
 
     args: list[Any]
     task_id: str
@@ -86,6 +84,25 @@ class OwnMessage:
         return repr(self.args)  # as `_commands` gives the message's argsrepr header
 
 
+@dataclass
+class Lane:
+    """What one solo worker's chain of steps keeps from one step to the next (pal.workers.inline)."""
+
+    own_streak: int = 0  # own takes in a row while others waited (OWN_TAKES_WHILE_OTHERS_WAIT)
+    unanswered: bool = False  # the queue count the last own take asked for is not read yet
+
+
+@dataclass
+class Take:
+    """One step's chance to take the message its worker runs next, with its hand-off's publish: the
+    queue's oldest (RPOP, the end BRPOP takes from), or its own successor (`publish_taken`). Passed
+    to the publishes that may take; `taken` holds what was taken, at most one message."""
+
+    lane: Lane
+    until: float = float("inf")  # time.monotonic(): nothing is taken after it
+    taken: list[str | bytes | OwnMessage] = field(default_factory=list)
+    spent: bool = False  # one take per step: its first transaction's
+
 class NodePublisher:
     """Sends `task_name` messages to one queue, each with its task-sent event, in one round trip."""
 
@@ -97,55 +114,24 @@ class NodePublisher:
         # Where a task-sent event says its message went (send_task adds these to as_task_v2's).
         self._route = {"queue": queue, "exchange": "", "routing_key": queue}
         self.sent = 0  # messages this publisher sent itself (the rest went through send_task)
-        self._held = threading.local()  # args: the messages of this thread's open batch, if any
         self._wire: BrokerWire | None = None  # this process's connection (_wire_of_process)
         self._wire_lock = threading.Lock()
         os.register_at_fork(after_in_child=_after_fork_of(weakref.ref(self)))
 
     @contextmanager
-    def taking_next(self, until: float = float("inf")) -> Iterator[list[str | bytes | OwnMessage]]:
-        """The first transaction this thread sends inside the block also takes the queue's oldest
-        message (RPOP, the end BRPOP takes from), returned in the yielded list as Redis stored it:
-        a solo worker runs it next without another round trip (pal.workers.inline). In one
-        transaction with the publish, so when the queue was empty the message taken is the step's
-        own successor, not one an idle worker took first. `publish_taken` puts its own message
-        there instead (an OwnMessage). Nothing is taken when the block publishes nothing, or only
-        through `send_task`, or after `until` (time.monotonic())."""
-        taken: list[str | bytes | OwnMessage] = []
-        self._held.taken = taken
-        self._held.until = until
-        try:
-            yield taken
-        finally:
-            self._held.taken = None
-
-    @contextmanager
-    def batch(self) -> Iterator[None]:
-        """Hold this thread's publishes until the block ends, then send them in one round trip.
-
-        A block that raises sends nothing (its callers publish only what they committed, and
-        recover what they did not). A block inside an open one joins it.
-        """
-        if getattr(self._held, "args", None) is not None:
-            yield
-            return
+    def batch(self) -> Iterator[Callable[[list[Any] | Built | OwnMessage], None]]:
+        """A publish that holds its messages until the block ends, then sends them in one round
+        trip. A block that raises sends nothing (its callers publish only what they committed, and
+        recover what they did not)."""
         held: list[list[Any] | Built | OwnMessage] = []
-        self._held.args = held
-        try:
-            yield
-        finally:
-            self._held.args = None
+        yield held.append
         if held:
             self._send_or_fall_back(held)
 
-    def publish(self, message: list[Any] | Built | OwnMessage) -> None:
-        """Publish one message (its arguments, or the message `build` made of them), or hold it
-        for the thread's open batch."""
-        held = getattr(self._held, "args", None)
-        if held is not None:
-            held.append(message)
-            return
-        self._send_or_fall_back([message])
+    def publish(self, message: list[Any] | Built | OwnMessage, take: Take | None = None) -> None:
+        """Publish one message (its arguments, or the message `build` made of them); with `take`,
+        the same transaction takes the queue's oldest message for it (`Take`)."""
+        self._send_or_fall_back([message], take=take)
 
     def build(self, args: list[Any], own: bool = False) -> Built | OwnMessage | None:
         """The message for `args`, built now to be published later (while the completion that must
@@ -162,35 +148,33 @@ class NodePublisher:
             log.debug("a %s message was not built ahead: %r", self.task_name, exc)
             return None
 
-    def can_take(self) -> bool:
-        """Whether this thread's next publish, outside a batch, may take its own message back
-        (`taking_next`): not when others have waited on the queue while this thread took
+    def can_take(self, take: Take) -> bool:
+        """Whether `take` may still take its step's own message back: not once spent or past its
+        deadline, nor when others have waited on the queue while its lane took
         OWN_TAKES_WHILE_OTHERS_WAIT of its own in a row (it takes the oldest instead)."""
-        held, wire = self._held, self._wire
-        if getattr(held, "taken", None) is not None and wire is not None and wire.pid == os.getpid():
-            self._settle(wire)  # the count of those waiting that the last own take asked for
-        return (getattr(held, "taken", None) is not None and getattr(held, "args", None) is None
-                and time.monotonic() < held.until
-                and getattr(held, "own_streak", 0) < OWN_TAKES_WHILE_OTHERS_WAIT)
+        wire = self._wire
+        if wire is not None and wire.pid == os.getpid():
+            self._settle(wire, take.lane)  # the count of those waiting that the last own take asked for
+        return (not take.spent and time.monotonic() < take.until
+                and take.lane.own_streak < OWN_TAKES_WHILE_OTHERS_WAIT)
 
-    def publish_taken(self, message: list[Any] | Built | OwnMessage, ahead: ClaimAhead | None = None) -> bool:
-        """Publish one message and, inside a `taking_next` block, take that very message for this
-        thread, which runs it next (its step was claimed for this thread: pal.storage.steps,
-        `claim_next`). Such a message never goes through the queue, where any worker could take
-        it: the block's list gets it as an OwnMessage, and only a count of the queue is sent
-        (`_take_own`; the worker that runs it sends its task-sent event). Outside a block it is
-        published as usual and False is returned: not taken back, it is whichever worker's that
-        takes it (one finds the step started and leaves it, and the sweep re-drives it when its
-        lease lapses). `ahead`: the step's claim, which the OwnMessage carries to the task."""
-        taken: list[str | bytes | OwnMessage] | None = getattr(self._held, "taken", None)
-        sent = self._send_or_fall_back([message], own=True, ahead=ahead)
-        return sent and taken is not None and len(taken) > 0
+    def publish_taken(self, message: list[Any] | Built | OwnMessage, take: Take,
+                      ahead: ClaimAhead | None = None) -> bool:
+        """Publish one message and take that very message back into `take` (its step was claimed
+        for this worker: pal.storage.steps, `claim_next`). Such a message never goes through the
+        queue, where any worker could take it: `take.taken` gets it as an OwnMessage carrying
+        `ahead` (the step's claim), and only a count of the queue is sent (`_take_own`; the worker
+        that runs it sends its task-sent event). False when it went to the queue after all (the
+        take was spent, or the fast path failed): it is whichever worker's that takes it (one finds
+        the step started and leaves it, and the sweep re-drives it when its lease lapses)."""
+        sent = self._send_or_fall_back([message], take=take, own=True, ahead=ahead)
+        return sent and any(isinstance(taken, OwnMessage) for taken in take.taken)
 
-    def _send_or_fall_back(self, messages: list[list[Any] | Built | OwnMessage], own: bool = False,
-                           ahead: ClaimAhead | None = None) -> bool:
+    def _send_or_fall_back(self, messages: list[list[Any] | Built | OwnMessage], take: Take | None = None,
+                           own: bool = False, ahead: ClaimAhead | None = None) -> bool:
         """Send on the fast path; True if it did, False if it fell back to `send_task`."""
         try:
-            self._send(messages, own, ahead)
+            self._send(messages, take, own, ahead)
         except Exception as exc:  # the slow path has the retries and raises the errors
             log.warning("fast publish of %d %s message(s) failed (%r); sending through send_task",
                         len(messages), self.task_name, exc)
@@ -200,24 +184,26 @@ class NodePublisher:
         self.sent += len(messages)
         return True
 
-    def _send(self, messages: list[list[Any] | Built | OwnMessage], own: bool = False,
-              ahead: ClaimAhead | None = None) -> None:
+    def _send(self, messages: list[list[Any] | Built | OwnMessage], take: Take | None, own: bool,
+              ahead: ClaimAhead | None) -> None:
         wire = self._wire_of_process()
-        self._settle(wire)
-        taken: list[str | bytes | OwnMessage] | None = getattr(self._held, "taken", None)
-        self._held.taken = None  # one take per block
-        if taken is not None and own and len(messages) == 1:
+        if take is not None:
+            self._settle(wire, take.lane)
+            # One take per step. Past its deadline the taker goes back to its event loop, but a
+            # successor claimed for it (own) is still taken: queued, its claim would be lost.
+            usable = not take.spent and (own or time.monotonic() < take.until)
+            take.spent = True
+            take = take if usable else None
+        if take is not None and own and len(messages) == 1:
             [message] = messages
             own_message = message if isinstance(message, OwnMessage) else self._own(_args(message))
-            self._take_own(wire, replace(own_message, claim_ahead=ahead), taken)
+            self._take_own(wire, replace(own_message, claim_ahead=ahead), take)
             return
         # An OwnMessage not taken back after all is queued as a message like any other.
         commands = [command for message in messages for command in
                     (message.commands if isinstance(message, Built)
                      else self._commands(_args(message), wire))]
-        if taken is not None and time.monotonic() >= self._held.until:
-            taken = None  # the taker has run long enough: it goes back to its event loop
-        if taken is not None:  # the queue's oldest
+        if take is not None:  # the queue's oldest
             commands.append(("RPOP", wire.queue_key))
             commands.append(("LLEN", wire.queue_key))  # who is left waiting (can_take)
         try:
@@ -225,36 +211,37 @@ class NodePublisher:
         except BaseException:
             self._drop(wire)  # the next send connects afresh
             raise
-        if taken is not None:
-            self._count_own_take(own=False, waiting=replies[-1])
+        if take is not None:
+            _count_own_take(take.lane, own=False, waiting=replies[-1])
             if isinstance(replies[-2], bytes):
-                taken.append(replies[-2])  # taken even if another command failed: EXEC ran the pop
+                take.taken.append(replies[-2])  # taken even if another command failed: EXEC ran the pop
         failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
         if failed is not None:
             raise failed
 
-    def _take_own(self, wire: BrokerWire, message: OwnMessage, taken: list[str | bytes | OwnMessage]) -> None:
-        """Take a message this thread will run next without queueing it. Pushed and popped back in
-        one transaction it would be seen by nobody; so nothing of it goes out here (the worker that
+    def _take_own(self, wire: BrokerWire, message: OwnMessage, take: Take) -> None:
+        """Take a message its worker runs next without queueing it. Pushed and popped back in one
+        transaction it would be seen by nobody; so nothing of it goes out here (the worker that
         runs it sends its task-sent event), only a count of the messages waiting (for `can_take`),
-        and this thread does not wait for the reply: `_settle` reads it before its next use of the
-        wire. A failure to send it loses that count only, never the message (its step was claimed
-        for this thread)."""
+        whose reply is not waited for: `_settle` reads it before the lane's next use of the wire.
+        A failure to send it loses that count only, never the message (its step was claimed for
+        this worker)."""
         try:
             wire.send_unanswered([("LLEN", wire.queue_key)])
-            self._held.unanswered_take = True
+            take.lane.unanswered = True
         except Exception as exc:
             self._drop(wire)  # the next send connects afresh
             log.warning("the queue count of an own %s message was lost: %r", self.task_name, exc)
-        taken.append(message)
+        take.taken.append(message)
 
-    def publish_sent_event(self, fields: dict[str, Any]) -> None:
+    def publish_sent_event(self, fields: dict[str, Any], lane: Lane | None = None) -> None:
         """Publish an own message's task-sent event by itself (a worker that buffers no task
         events of its own); a failure loses that event only."""
         wire = None
         try:
             wire = self._wire_of_process()
-            self._settle(wire)  # the reply the last own take left unread
+            if lane is not None:
+                self._settle(wire, lane)  # the reply the last own take left unread
             wire.transaction(self._sent_event_commands(wire, fields))
         except Exception as exc:
             if wire is not None:
@@ -262,21 +249,15 @@ class NodePublisher:
             log.warning("the task-sent event of a %s message this worker runs itself was lost: %r",
                         self.task_name, exc)
 
-    def _settle(self, wire: BrokerWire) -> None:
-        """Read the replies of this thread's last own take, if still unread: the count of the
-        messages waiting then, for `can_take`."""
-        if not getattr(self._held, "unanswered_take", False):
+    def _settle(self, wire: BrokerWire, lane: Lane) -> None:
+        """Read the reply of the lane's last own take, if still unread: the count of the messages
+        waiting then, for `can_take` (lost if another send used the wire first)."""
+        if not lane.unanswered:
             return
-        self._held.unanswered_take = False
+        lane.unanswered = False
         replies = wire.answers()
         if replies:
-            self._count_own_take(own=True, waiting=replies[-1])
-
-    def _count_own_take(self, *, own: bool, waiting: object) -> None:
-        """Own takes in a row while others waited (LLEN's reply, `waiting`): taking the queue's
-        oldest, or an empty queue, resets the count."""
-        others_wait = isinstance(waiting, int) and waiting > 0
-        self._held.own_streak = getattr(self._held, "own_streak", 0) + 1 if own and others_wait else 0
+            _count_own_take(lane, own=True, waiting=replies[-1])
 
     def _drop(self, wire: BrokerWire) -> None:
         """Forget and close a wire that failed, unless another thread has already replaced it."""
@@ -354,6 +335,13 @@ class NodePublisher:
         if sent_event is not None:
             commands.extend(self._sent_event_commands(wire, sent_event | self._route))
         return commands
+
+
+def _count_own_take(lane: Lane, *, own: bool, waiting: object) -> None:
+    """Own takes in a row while others waited (LLEN's reply, `waiting`): taking the queue's oldest,
+    or an empty queue, resets the count."""
+    others_wait = isinstance(waiting, int) and waiting > 0
+    lane.own_streak = lane.own_streak + 1 if own and others_wait else 0
 
 
 def _args(message: list[Any] | Built | OwnMessage) -> list[Any]:

@@ -17,7 +17,7 @@ from pal.workers import celery_private
 from pal.workers.beat import schedule_of
 from pal.workers.fs_transport import TRANSPORT as FILESYSTEM_TRANSPORT
 from pal.workers.node_messages import NodePublisher
-from pal.workers.publishing import TakenBack, publisher_of
+from pal.workers.publishing import publisher_of
 from pal.workers.redis_transport import TRANSPORT as REDIS_TRANSPORT
 from pal.workers.task_names import EXECUTE_NODE, SPAWN_VM
 from pal.workers.tasks import register_tasks
@@ -114,8 +114,6 @@ def attach(app: Any, settings: Settings) -> Runtime:
             runtime.async_steps = AsyncSteps(settings.async_steps, runtime.leases)
 
     worker_init.connect(awaits_steps, weak=False)
-    if node_publisher is not None:
-        runtime.own_messages = TakenBack(app, node_publisher)
     runtime.publish_vm = lambda vm_id: app.send_task(SPAWN_VM, args=[vm_id], queue=settings.vm_queue)
     register_tasks(app)
 

@@ -3,7 +3,6 @@ or batched into one broker round trip (pal.engine.runtime.Publish, PublishBatch)
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,44 +11,46 @@ from typing import Any
 from pal.core.records import ClaimAhead
 from pal.engine.runtime import BuildMessage, Publish, PublishBatch
 from pal.workers import celery_private
-from pal.workers.node_messages import Built, NodePublisher, OwnMessage
+from pal.workers.node_messages import Built, NodePublisher, OwnMessage, Take
 from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
 
 
 def publisher_of(app: Any, queue: str,
                  node_publisher: NodePublisher | None) -> tuple[Publish, PublishBatch, BuildMessage | None]:
     """`app` is the PalCelery whose runtime signs the messages; `node_publisher` its Redis fast path."""
-    batching = threading.local()  # the producer of this thread's open publish batch, if any
+
+    def send_task(run_id: str, step_id: str, generation: int, countdown: float, producer: Any = None) -> None:
+        # A countdown is held by the consuming worker's timer, not by a blocked process.
+        app.send_task(EXECUTE_NODE, args=_signed(app, run_id, step_id, generation), queue=queue,
+                      countdown=countdown if countdown > 0 else None, producer=producer,
+                      headers={SENT_AT_HEADER: time.time() + max(countdown, 0.0)})
 
     def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0,
                 built: object = None) -> None:
         if node_publisher is not None and countdown <= 0:
-            node_publisher.publish(_message(app, built, run_id, step_id, generation))  # held if batching
+            node_publisher.publish(_message(app, built, run_id, step_id, generation))
             return
-        args = _signed(app, run_id, step_id, generation)
-        # A countdown is held by the consuming worker's timer, not by a blocked process.
-        app.send_task(EXECUTE_NODE, args=args, queue=queue,
-                      countdown=countdown if countdown > 0 else None,
-                      producer=getattr(batching, "producer", None),
-                      headers={SENT_AT_HEADER: time.time() + max(countdown, 0.0)})
+        send_task(run_id, step_id, generation, countdown)
 
     @contextmanager
-    def publish_batch() -> Iterator[None]:
-        # The batch's messages (and their task-sent events) go out in one Redis pipeline at its
-        # end; a transport without batches publishes at once.
+    def publish_batch() -> Iterator[Publish]:
+        # The batch's messages (and their task-sent events) go out in one Redis transaction at its
+        # end; a countdown goes at once, to the worker whose timer holds it.
         if node_publisher is not None:
-            with node_publisher.batch():
-                yield
-            return
-        if getattr(batching, "producer", None) is not None:  # already batching: join it
-            yield
+            with node_publisher.batch() as hold:
+                def held(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0,
+                         built: object = None) -> None:
+                    if countdown > 0:
+                        send_task(run_id, step_id, generation, countdown)
+                    else:
+                        hold(_message(app, built, run_id, step_id, generation))
+                yield held
             return
         with app.producer_or_acquire() as producer, celery_private.publish_batch(producer):
-            batching.producer = producer
-            try:
-                yield
-            finally:
-                batching.producer = None
+            def batched(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0,
+                        built: object = None) -> None:
+                send_task(run_id, step_id, generation, countdown, producer)
+            yield batched
 
     if node_publisher is None:
         return publish, publish_batch, None
@@ -61,20 +62,24 @@ def publisher_of(app: Any, queue: str,
     return publish, publish_batch, build
 
 
-class TakenBack:
-    """`Runtime.own_messages` on PAL's Redis transport: a solo worker's chain of steps takes the
-    message of its step's one successor straight back (pal.workers.inline), so the completion
-    may claim that successor for it (pal.engine.steps)."""
+class TakeBack:
+    """`RunsNext` on PAL's Redis transport, for one step of a solo worker's chain (pal.workers.inline):
+    the step's hand-off takes a message back into `take`, its own successor's or the queue's
+    oldest, for the worker to run next."""
 
-    def __init__(self, app: Any, node_publisher: NodePublisher) -> None:
-        self._app, self._publisher = app, node_publisher
+    def __init__(self, app: Any, node_publisher: NodePublisher, take: Take) -> None:
+        self._app, self._publisher, self.take = app, node_publisher, take
 
-    def can_take(self) -> bool:
-        return self._publisher.can_take()
+    def may_claim(self) -> bool:
+        return self._publisher.can_take(self.take)
 
-    def publish_and_take(self, run_id: str, step_id: str, generation: int, built: object = None,
-                         ahead: ClaimAhead | None = None) -> bool:
-        return self._publisher.publish_taken(_message(self._app, built, run_id, step_id, generation), ahead)
+    def ring(self, run_id: str, step_id: str, generation: int, built: object = None) -> None:
+        self._publisher.publish(_message(self._app, built, run_id, step_id, generation), take=self.take)
+
+    def ring_own(self, run_id: str, step_id: str, generation: int, built: object = None,
+                 ahead: ClaimAhead | None = None) -> bool:
+        message = _message(self._app, built, run_id, step_id, generation)
+        return self._publisher.publish_taken(message, self.take, ahead)
 
 
 def _message(app: Any, built: object, run_id: str, step_id: str,

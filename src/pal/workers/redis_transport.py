@@ -38,9 +38,6 @@ from kombu.transport import redis, virtual
 
 log = logging.getLogger(__name__)
 
-# Task names whose doorbells this process takes at most once (set by pal.workers.inline).
-AT_MOST_ONCE_TASKS: set[str] = set()
-
 # kombu's methods are untyped: called through these.
 _REDIS_QOS: Any = redis.QoS
 _MEMORY_QOS: Any = virtual.QoS
@@ -74,6 +71,14 @@ def is_envelope(payload: Any) -> bool:
     return True
 
 
+def take_at_most_once(connection: Any, task_name: str) -> None:
+    """Take `task_name`'s doorbells at most once on this consumer connection (pal.workers.inline);
+    nothing on another transport. Celery's consumer asks again on each connection it opens."""
+    transport = getattr(connection, "transport", None)
+    if isinstance(transport, Transport):
+        transport.at_most_once_tasks = transport.at_most_once_tasks | {task_name}
+
+
 class QoS(redis.QoS):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         _REDIS_QOS.__init__(self, *args, **kwargs)
@@ -81,7 +86,7 @@ class QoS(redis.QoS):
 
     def append(self, message: Any, delivery_tag: str) -> None:
         headers = message.headers if isinstance(message.headers, dict) else {}
-        if headers.get("task") in AT_MOST_ONCE_TASKS and not waits_in_memory(headers):
+        if headers.get("task") in self.channel.connection.at_most_once_tasks and not waits_in_memory(headers):
             self._unindexed.add(delivery_tag)
             _MEMORY_QOS.append(self, message, delivery_tag)
             return
@@ -124,6 +129,7 @@ class Channel(redis.Channel):
 
 class Transport(redis.Transport):
     Channel = Channel
+    at_most_once_tasks: frozenset[str] = frozenset()  # take_at_most_once
 
     def _deliver(self, message: Any, queue: str) -> None:
         if not is_envelope(message):

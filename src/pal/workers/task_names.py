@@ -14,3 +14,6 @@ SENT_AT_HEADER = "pal_sent_at"
 # An own message's request attribute, never a header: the claim its completion took for the thread
 # that runs it (pal.core.records.ClaimAhead, an object no message can carry).
 CLAIM_AHEAD = "pal_claim_ahead"
+# A request attribute a solo worker sets, never a header: the step's chance to take back the message
+# it runs next (pal.workers.publishing.TakeBack, an object no message can carry).
+RUNS_NEXT = "pal_runs_next"

@@ -18,10 +18,12 @@ from pal.engine.runs import start_run
 from pal.engine.steps import execute_step
 from pal.engine.vms import spawn_vm
 from pal.errors import GraphError, InputError, Refused, StepFailed
+from pal.workers.publishing import TakeBack
 from pal.workers.task_names import (
     CLAIM_AHEAD,
     EXECUTE_NODE,
     RECOMPUTE_BASELINES,
+    RUNS_NEXT,
     SENT_AT_HEADER,
     SPAWN_VM,
     START_RUN,
@@ -73,10 +75,12 @@ def execute_node(task: Any, run_id: Any, step_id: Any, generation: Any, signatur
                     "generation %.32r)", run_id, step_id, generation)
         return "forged"
     sent_at = getattr(task.request, SENT_AT_HEADER, None)
-    ahead = getattr(task.request, CLAIM_AHEAD, None)  # an own message's (pal.workers.inline)
+    # A solo worker's (pal.workers.inline): objects, which a message's headers can never forge.
+    ahead, runs_next = getattr(task.request, CLAIM_AHEAD, None), getattr(task.request, RUNS_NEXT, None)
     result = execute_step(rt, run_id, step_id, generation,
                           sent_at=sent_at if isinstance(sent_at, float) else None,
-                          ahead=ahead if isinstance(ahead, ClaimAhead) else None)
+                          ahead=ahead if isinstance(ahead, ClaimAhead) else None,
+                          runs_next=runs_next if isinstance(runs_next, TakeBack) else None)
     if result.outcome == "failed":
         error = result.error or {}
         raise StepFailed(run_id, step_id, str(error.get("type", "")), str(error.get("message", ""))[:500])
