@@ -9,6 +9,7 @@ A change that breaks a rule fails here, naming the file, the line and the rule.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -274,3 +275,46 @@ def test_the_rule_catches_planted_io_in_core() -> None:
                                         "    return os.environ['HOME']\n")
     assert core_io(trees) == ["pal.core.clock:3 calls getaddrinfo: core does no I/O",
                               "pal.core.clock:4 reads the environment: core does no I/O"]
+
+
+# SQL text has one home (docs/decisions/sql-home.md): a statement that storage sends as text is a
+# named query in storage/sql/queries.sql, loaded by pal.storage.sql.queries; the stores' other
+# queries are SQLAlchemy Core expressions, and the migrations keep their own DDL (not in sources()).
+# A bare string statement (a docstring) is prose, never sent, and is not looked at.
+SQL_HOME = "pal.storage.sql"
+RAW_SQL = re.compile(r"\s*(SELECT|PREPARE|EXECUTE)\s", re.IGNORECASE)
+
+
+def raw_sql(tree: ast.Module) -> Iterator[int]:
+    """Lines of one file whose string constants (an f-string's parts too) begin a statement."""
+    prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose
+                and RAW_SQL.match(node.value)):
+            yield node.lineno
+
+
+def storage_sql_text(trees: dict[str, ast.Module]) -> list[str]:
+    return [f"{module}:{line} holds SQL text: name it in storage/sql/queries.sql"
+            for module, tree in trees.items()
+            if layer_of(module) == "storage" and module != SQL_HOME and not module.startswith(f"{SQL_HOME}.")
+            for line in raw_sql(tree)]
+
+
+def test_storage_sends_sql_text_only_from_its_named_queries() -> None:
+    assert storage_sql_text(parsed_house()) == []
+
+
+def test_the_rule_catches_planted_sql_text_and_leaves_prose_and_core_alone() -> None:
+    trees = parsed_house()
+    trees["pal.storage.runs"] = ast.parse(
+        '"""SELECT * FROM runs is what this module answers."""\n'
+        'import sqlalchemy as sa\n'
+        'GRANTS = "GRANT SELECT, INSERT ON runs"\n'
+        'def f(conn, name, text):\n'
+        '    """Select the run: not SQL."""\n'
+        '    conn.execute(sa.select(sa.column("id")))\n'
+        '    conn.exec_driver_sql("select 1")\n'
+        '    return f"PREPARE {name} AS {text}", "  EXECUTE pal_x (%s)"\n')
+    assert storage_sql_text(trees) == [f"pal.storage.runs:{line} holds SQL text: name it in storage/sql/queries.sql"
+                                       for line in (7, 8, 8)]

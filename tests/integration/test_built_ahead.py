@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from pal.client import Client
 from pal.engine.steps import execute_step
 from pal.storage.one_call import AutocommitCalls, FunctionCall
+from pal.storage.sql.queries import Query
 from pal.workers.node_messages import Built, NodePublisher, OwnMessage
 from tests.conftest import Backend
 from tests.support.graphs import linear
@@ -30,9 +31,10 @@ from tests.support.tools import calls
 # off (5.5) PAL publishes through send_task, which other tests cover; `make test-lowest` deselects these.
 pytestmark = pytest.mark.fast_publisher
 
-SLEEP = FunctionCall.of("pg_sleep", ("double precision",))
-LOCK = FunctionCall.of("pg_advisory_xact_lock", ("bigint",))
-SET_CONFIG = FunctionCall.of("set_config", ("text", "text", "boolean"))
+# Calls of the tests' own, not PAL's: built from literal text, never put in queries.sql.
+SLEEP = FunctionCall.of(Query("test_sleep", "SELECT * FROM pg_sleep($1::double precision)"))
+LOCK = FunctionCall.of(Query("test_lock", "SELECT * FROM pg_advisory_xact_lock($1::bigint)"))
+SET_CONFIG = FunctionCall.of(Query("test_set_config", "SELECT * FROM set_config($1::text, $2::text, $3::boolean)"))
 
 
 @pytest.fixture
@@ -155,14 +157,14 @@ def test_a_successors_message_is_built_during_its_completion_and_sent_after_the_
     rows, build, send = autocommit.rows, publisher.build, publisher._send
 
     def traced_rows(call: FunctionCall, params: Any, meanwhile: Any = None) -> Any:
-        calling["now"] = call.function
+        calling["now"] = call.name
         try:
             return rows(call, params, meanwhile)
         finally:
             calling["now"] = ""
 
     def traced_build(args: list[Any], own: bool = False) -> Built | OwnMessage | None:
-        in_completion.append(calling["now"] == "pal_complete")
+        in_completion.append(calling["now"] == "complete_step")
         made = build(args, own)
         assert isinstance(made, Built)  # no thread of this test runs its own messages
         built_ids.append(json.loads(made.commands[0][2])["headers"]["id"])
@@ -221,7 +223,7 @@ def test_a_fenced_out_completion_sends_nothing_it_built(
         return made
 
     def taken_over(call: FunctionCall, params: Any, meanwhile: Any = None) -> Any:
-        if call.function == "pal_complete":
+        if call.name == "complete_step":
             with client.runtime.journal.engine.begin() as conn:
                 conn.execute(sa.text("UPDATE run_locks SET generation = generation + 1 WHERE run_id = :r"),
                              {"r": run_id})

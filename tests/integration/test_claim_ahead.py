@@ -85,7 +85,7 @@ def test_a_completion_starts_the_successor_its_worker_takes_back(worker: TakingW
     assert worker.outbox == [] and worker.taken == [(run_id, "s0", 1)]
     counted_calls = Counted(worker.client)
     assert worker.deliver(worker.taken.pop(0)) == "completed"  # s0: no claim statement at all
-    assert counted_calls.calls == ["pal_complete"]
+    assert counted_calls.calls == ["complete_step"]
     assert counted_calls.transactions == 0
     while worker.taken:
         worker.deliver(worker.taken.pop(0))
@@ -153,7 +153,7 @@ def test_a_claim_ahead_never_runs_under_another_generation(worker: TakingWorker,
     assert newer == (run_id, step, generation + 1)
     counted_calls = Counted(worker.client)
     assert worker.deliver(newer) == "completed"
-    assert counted_calls.calls[0] != "pal_complete"  # it claimed first, in the journal
+    assert counted_calls.calls[0] != "complete_step"  # it claimed first, in the journal
     assert started(worker.client, run_id, step) == [1, 1]
 
 
@@ -219,7 +219,7 @@ def test_a_worker_busy_with_a_hundred_runs_still_claims_each_in_one_call(worker:
     counted_calls = Counted(worker.client)
     assert worker.outbox[0][0] == runs[0]
     assert worker.deliver(worker.outbox[0]) == "completed"
-    assert counted_calls.calls == ["pal_claim", "pal_complete"]
+    assert counted_calls.calls == ["claim_step", "complete_step"]
     assert counted_calls.transactions == 0
 
 

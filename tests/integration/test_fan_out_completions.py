@@ -75,7 +75,7 @@ def test_a_completion_whose_log_missed_the_park_still_parks_the_run(two: tuple[P
         Fence(run_id, generation, "B", utcnow(), 30), "tool", claim.attempt, {"value": "tool"},
         plan=lambda done: program.handoff(done, "tool"), frontier=program.redrive_steps)
     if counted_calls is not None:  # Postgres: the one call was tried, then the transaction decided
-        assert (counted_calls.calls, counted_calls.transactions) == (["pal_complete"], 1)
+        assert (counted_calls.calls, counted_calls.transactions) == (["complete_step"], 1)
     assert handoff.dispatch == () and not handoff.finished
     assert a.client.get_run(run_id).status == "waiting"
 
@@ -88,7 +88,7 @@ def test_a_branch_completion_that_hands_off_nothing_is_one_call(postgres_backend
         assert a.deliver(a.outbox.pop(0)) == "completed"
         counted_calls = Counted(a.client)
         assert a.deliver(a.take("b0")) == "completed"
-        assert counted_calls.calls == ["pal_claim", "pal_complete"]
+        assert counted_calls.calls == ["claim_step", "complete_step"]
         assert counted_calls.transactions == 0 and not any(m[1] == "join" for m in a.outbox)
         while a.outbox:
             assert a.deliver(a.outbox.pop(0)) == "completed"

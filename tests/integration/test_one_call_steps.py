@@ -131,7 +131,7 @@ def test_a_warm_step_is_one_call_to_claim_and_one_to_complete(postgres_backend: 
         a.deliver(a.outbox.pop(0))  # s0: this process now knows the run
         counted_calls = Counted(a.client)
         assert a.deliver(a.outbox.pop(0)) == "completed"  # s1
-        assert counted_calls.calls == ["pal_claim", "pal_complete"]
+        assert counted_calls.calls == ["claim_step", "complete_step"]
         assert counted_calls.transactions == 0
         assert started(a.client, run_id, "s1") == [1]
         assert [e.step_id for e in a.client.events(run_id) if e.kind == "step_completed"] == [
@@ -164,7 +164,7 @@ def test_a_process_whose_log_is_behind_claims_in_one_call(two_on_postgres: tuple
     assert b.deliver(a.outbox.pop(0)) == "completed"  # s1 on B
     counted_calls = Counted(a.client)
     assert a.deliver(b.outbox.pop(0)) == "completed"  # s2 on A, whose log ends at s0
-    assert counted_calls.calls == ["pal_claim", "pal_complete"]
+    assert counted_calls.calls == ["claim_step", "complete_step"]
     assert counted_calls.transactions == 0
     assert started(a.client, run_id, "s2") == [1]
     while a.outbox:
@@ -184,7 +184,7 @@ def test_a_process_s_first_claim_of_a_run_is_one_call_after_reading_the_run(
     assert a.deliver(a.outbox.pop(0)) == "completed"  # s0 on A
     counted_calls = Counted(b.client)
     assert b.deliver(a.outbox.pop(0)) == "completed"  # s1 on B, its first step of the run
-    assert counted_calls.calls == ["pal_claim", "pal_complete"]
+    assert counted_calls.calls == ["claim_step", "complete_step"]
     assert counted_calls.transactions == 1  # the run's row, read
     assert started(a.client, run_id, "s1") == [1]
     assert b.deliver(b.outbox.pop(0)) == "completed"  # s2 on B: its log has start, s0 and s1
@@ -245,7 +245,7 @@ def test_a_join_whose_other_branch_another_process_completed_is_claimed_in_one_c
     counted_calls = Counted(a.client)
     assert a.deliver(j) == "completed"
     # The claim in one call (its completion may decide in a transaction: out still waits for c).
-    assert counted_calls.calls[0] == "pal_claim" and "pal_read_step_log" not in counted_calls.calls
+    assert counted_calls.calls[0] == "claim_step" and "read_step_log" not in counted_calls.calls
     while a.outbox:
         a.deliver(a.outbox.pop(0))
     assert a.client.get_run(run_id).output == "j"
@@ -265,7 +265,7 @@ def test_a_message_ahead_of_its_predecessor_is_refused_with_nothing_written(
         lock = lock_of(a.client, run_id)
         counted_calls = Counted(a.client)
         assert a.deliver((run_id, "s2", generation)) == "not_ready"
-        assert counted_calls.calls == ["pal_claim"]  # then the transaction decided
+        assert counted_calls.calls == ["claim_step"]  # then the transaction decided
         assert started(a.client, run_id, "s2") == []
         assert lock_of(a.client, run_id) == lock  # holder, expiry, generation, redelivery untouched
         assert calls(counter) == ["s0"]
@@ -283,7 +283,7 @@ def test_a_step_after_a_choice_reads_the_log_before_its_claim(two_on_postgres: t
     assert b.deliver(a.outbox.pop(0)) == "completed"  # check on B
     counted_calls = Counted(a.client)
     assert a.deliver(b.outbox.pop(0)) == "completed"  # yes on A, whose log ends at start
-    assert counted_calls.calls == ["pal_read_step_log", "pal_claim", "pal_complete"]
+    assert counted_calls.calls == ["read_step_log", "claim_step", "complete_step"]
     while a.outbox:
         a.deliver(a.outbox.pop(0))
     assert a.client.get_run(run_id).output == "big"
@@ -304,7 +304,7 @@ def executed(connection: Any, cursor: Any, statement: str) -> None:
 
 def test_the_step_calls_are_prepared_once_per_connection(postgres_backend: Backend, counter: Path) -> None:
     """Each call is PREPAREd on the connection's first use and then only EXECUTEd: Postgres
-    counts one plan use per call and keeps one prepared statement per function."""
+    counts one plan use per call and keeps one prepared statement per query."""
     a = Process(postgres_backend)
     try:
         a.client.start_run(linear(counter, 6), {})
@@ -316,10 +316,10 @@ def test_the_step_calls_are_prepared_once_per_connection(postgres_backend: Backe
         autocommit = a.client.runtime.journal.calls
         assert autocommit is not None
         uses = prepared_statements(autocommit._connection())
-        made = {f"{name}_call": counted_calls.calls.count(name) for name in set(counted_calls.calls)}
-        assert made == {"pal_claim_call": 4, "pal_complete_call": 4}
-        assert uses["pal_claim_call"] >= 4 and uses["pal_complete_call"] >= 4
-        assert set(uses) == set(made)  # one prepared statement per function, not one per call
+        made = {f"pal_{name}": counted_calls.calls.count(name) for name in set(counted_calls.calls)}
+        assert made == {"pal_claim_step": 4, "pal_complete_step": 4}
+        assert uses["pal_claim_step"] >= 4 and uses["pal_complete_step"] >= 4
+        assert set(uses) == set(made)  # one prepared statement per query, not one per call
     finally:
         a.client.close()
 
@@ -341,7 +341,7 @@ def test_a_session_without_our_prepared_calls_runs_them_unprepared(postgres_back
         def prepared() -> list[str]:
             return sorted(prepared_statements(connection))
 
-        others = ["pal_claim_call", "pal_complete_call"]
+        others = ["pal_claim_step", "pal_complete_step"]
         if elsewhere == "names taken":  # before this connection's first call
             with connection.cursor() as cursor:
                 for name in others:
@@ -356,7 +356,7 @@ def test_a_session_without_our_prepared_calls_runs_them_unprepared(postgres_back
         counted_calls = Counted(a.client)
         while a.outbox:
             assert a.deliver(a.outbox.pop(0)) == "completed"
-        assert counted_calls.calls[:2] == ["pal_claim", "pal_complete"]  # still one call each
+        assert counted_calls.calls[:2] == ["claim_step", "complete_step"]  # still one call each
         assert autocommit._connection() is connection
         assert prepared() == others  # nothing prepared since
         assert a.client.get_run(run_id).status == "succeeded"
@@ -446,7 +446,7 @@ def test_the_first_one_call_after_an_idle_pooled_connection_runs(
         counted_calls = Counted(a.client)
         while a.outbox:
             assert a.deliver(a.outbox.pop(0)) == "completed"
-        assert "pal_claim" in counted_calls.calls
+        assert "claim_step" in counted_calls.calls
         assert a.client.get_run(run_id).status == "succeeded"
         assert calls(counter) == ["s0", "s1", "s2"]
     finally:

@@ -63,7 +63,7 @@ def recover(seconds: float, *steps: str) -> Op:
                                                         lease_ttl=TTL, plan=lambda _run, _done: steps)
 
 
-CLAIM_STEP, COMPLETE_STEP, READ_LOG = "pal_claim", "pal_complete", "pal_read_step_log"
+CLAIM_STEP, COMPLETE_STEP, READ_LOG = "claim_step", "complete_step", "read_step_log"
 START = [claim("start"), complete("start", kit.dispatching("a"), 1)]  # start hands off to a
 
 
@@ -167,7 +167,7 @@ def count_calls(journal: Journal) -> list[str]:
     rows = calls.rows
 
     def counted(call: FunctionCall, params: Any, meanwhile: Any = None) -> list[tuple[Any, ...]]:
-        made.append(call.function)
+        made.append(call.name)
         return rows(call, params, meanwhile)
 
     calls.rows = counted  # type: ignore[method-assign]

@@ -29,7 +29,7 @@ class Counted:
         original = autocommit.rows
 
         def rows(call: FunctionCall, params: Any, meanwhile: Any = None) -> Any:
-            self.calls.append(call.function)
+            self.calls.append(call.name)
             return original(call, params, meanwhile)
 
         autocommit.rows = rows  # type: ignore[method-assign]

@@ -13,12 +13,14 @@ from sqlalchemy.engine import Engine
 from pal.core.extras import missing_extra
 from pal.errors import ConfigError
 from pal.storage.private_files import private_database_file
+from pal.storage.sql.queries import query
 
 _engines: dict[str, Engine] = {}
 DEFAULT_POOL_SIZE = 20  # PAL_DB_POOL_SIZE: the most Postgres connections one process opens
 _one_call_limits: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
 PING_AFTER_IDLE_SECONDS = 1.0  # a pooled Postgres connection idle this long is pinged before use
 _IDLE_SINCE = "pal_idle_since"
+_PING = query("ping").driver_sql
 
 
 def normalize_url(url: str) -> sa.URL:
@@ -82,7 +84,7 @@ def _ping_idle_connections(engine: Engine) -> None:
             return
         try:
             cursor = dbapi_connection.cursor()
-            cursor.execute("SELECT 1")
+            cursor.execute(_PING, ())
             cursor.close()
             # psycopg2 opened a transaction for the ping: end it, so the connection is handed out
             # as the pool keeps it, idle. pal.storage.one_call cannot switch a connection to autocommit

@@ -30,6 +30,7 @@ from sqlalchemy.engine import Engine
 
 from pal.errors import journal_error
 from pal.storage.database import pool_limit
+from pal.storage.sql.queries import Query
 
 # Behind a pooler in transaction mode (PgBouncer) consecutive statements of one connection may run
 # in different server sessions: an EXECUTE finds no statement (26000, invalid_sql_statement_name),
@@ -50,22 +51,18 @@ class _Held:
 
 @dataclass(frozen=True)
 class FunctionCall:
-    """`SELECT * FROM function(...)`, PREPAREd once per connection and then EXECUTEd by name, so
-    Postgres parses and plans the call once per connection instead of at every step."""
+    """A named query (pal.storage.sql.queries) as this pool sends it: PREPAREd once per connection
+    and then EXECUTEd by name, so Postgres parses and plans the call once per connection instead of
+    at every step; sent whole where statements cannot be kept."""
 
-    function: str
-    prepare: str  # PREPARE <function>_call (<types>) AS SELECT * FROM <function>($1, ...)
-    execute: str  # EXECUTE <function>_call (%s, ...): psycopg2 fills in the parameters
+    name: str  # the query's: what a connection records as prepared, what tests count
+    prepare: str  # PREPARE pal_<name> AS SELECT * FROM <function>($1::<type>, ...)
+    execute: str  # EXECUTE pal_<name> (%s, ...): psycopg2 fills in the parameters
     plain: str  # SELECT * FROM <function>(%s::<type>, ...): where statements cannot be kept
 
     @classmethod
-    def of(cls, function: str, arg_types: Sequence[str]) -> FunctionCall:
-        name = f"{function}_call"
-        places = ", ".join(f"${i}" for i in range(1, len(arg_types) + 1))
-        return cls(function,
-                   f"PREPARE {name} ({', '.join(arg_types)}) AS SELECT * FROM {function}({places})",
-                   f"EXECUTE {name} ({', '.join(['%s'] * len(arg_types))})",
-                   f"SELECT * FROM {function}({', '.join(f'%s::{t}' for t in arg_types)})")
+    def of(cls, query: Query) -> FunctionCall:
+        return cls(query.name, query.prepare, query.execute, query.driver_sql)
 
 
 class AutocommitCalls:
@@ -122,9 +119,9 @@ class AutocommitCalls:
             _sent_and_done(connection, cursor, call.plain, params, meanwhile)
             return
         try:
-            if call.function not in prepared:
+            if call.name not in prepared:
                 _sent_and_done(connection, cursor, call.prepare, None, None)
-                prepared.add(call.function)
+                prepared.add(call.name)
             _sent_and_done(connection, cursor, call.execute, params, meanwhile)
         except self._dbapi.Error as exc:
             if getattr(exc, "pgcode", None) not in _STATEMENT_ELSEWHERE or connection.closed:

@@ -31,6 +31,7 @@ from pal.core.vocabulary import (
 )
 from pal.storage.base import Caches, Outcome, StoreBase, event_rows, json_safe, lease_lost
 from pal.storage.schema import journal_events, run_locks, runs
+from pal.storage.sql.queries import query
 
 WAIT_RECHECK_SECONDS = 600.0  # a parked run is looked at again at least this often
 
@@ -45,11 +46,11 @@ _FENCE = (
 _EVENT_COLUMNS = {"run_id": "ev_run", "step_id": "ev_step", "attempt": "ev_attempt", "kind": "ev_kind",
                   "payload": "ev_payload", "generation": "ev_generation", "created_at": "ev_at"}
 _EVENT_VALUES: dict[str, Any] = {column: sa.bindparam(name) for column, name in _EVENT_COLUMNS.items()}
-# Postgres: the fenced reads of the step protocol as server-side functions (storage/sql).
-_FENCED_LOG = "SELECT outcome, events FROM pal_fenced_log(%s, %s, %s, %s, %s)"
-_FENCED_COMPLETION = ("SELECT outcome, events FROM pal_fenced_completion(%s, %s, %s, %s, %s, %s, %s, "
-                      "%s::jsonb, %s)")
-_START_STEP = "SELECT pal_append_once(%s, %s, %s, 'step_started', %s::jsonb, %s, %s)"
+# Postgres: the step protocol's calls inside a transaction (storage/sql/queries.sql), in psycopg2's
+# form for exec_driver_sql.
+_FENCED_LOG = query("fenced_log").driver_sql
+_FENCED_COMPLETION = query("fenced_completion").driver_sql
+_START_STEP = query("start_step").driver_sql
 
 
 def started_payload(fence: Fence, attempt: int) -> dict[str, Any]:

@@ -39,14 +39,12 @@ from pal.storage.base import EventRow, Outcome, event_rows, json_safe, lease_los
 from pal.storage.one_call import AutocommitCalls, FunctionCall
 from pal.storage.primitives import Primitives, started_payload
 from pal.storage.schema import runs
+from pal.storage.sql.queries import query
 
-_READ_LOG = FunctionCall.of("pal_read_step_log", ("text", "integer", "bigint"))
-_CLAIM_STEP = FunctionCall.of("pal_claim", (
-    "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz", "boolean",
-    "text[]"))
-_COMPLETE_STEP = FunctionCall.of("pal_complete", (
-    "text", "integer", "text", "timestamptz", "bigint", "text", "integer", "jsonb", "timestamptz",
-    "text", "integer", "jsonb"))
+# The one-call statements (storage/sql/queries.sql), built once: a step only executes them.
+_READ_LOG = FunctionCall.of(query("read_step_log"))
+_CLAIM_STEP = FunctionCall.of(query("claim_step"))
+_COMPLETE_STEP = FunctionCall.of(query("complete_step"))
 # How long after its completion's fence a claimed successor is still its caller's to run without
 # a statement (at most a quarter of the lease, which the heartbeat renews after a third): the
 # message it was taken with runs next (pal.workers.inline), within milliseconds. A later claim goes

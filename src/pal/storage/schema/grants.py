@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from pal.errors import ConfigError
+from pal.storage.sql.queries import query
 
 # table -> privileges. journal_events: read and append only.
 TABLE_PRIVILEGES = {
@@ -54,8 +55,8 @@ def grant_app_role(engine: Engine, role: str) -> list[str]:
     if engine.dialect.name != "postgresql":
         raise ConfigError("database roles are a Postgres feature; the embedded SQLite journal has none")
     with engine.begin() as conn:
-        schema = conn.execute(sa.text("SELECT current_schema()")).scalar_one()
-        exists = conn.execute(sa.text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first()
+        schema = conn.exec_driver_sql(query("current_schema").driver_sql, ()).scalar_one()
+        exists = conn.exec_driver_sql(query("role_exists").driver_sql, (role,)).first()
         if exists is None:
             raise ConfigError(f"there is no database role {role!r}; create it first "
                               f"(CREATE ROLE {role} LOGIN PASSWORD '…')")
