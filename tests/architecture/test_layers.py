@@ -318,3 +318,49 @@ def test_the_rule_catches_planted_sql_text_and_leaves_prose_and_core_alone() -> 
         '    return f"PREPARE {name} AS {text}", "  EXECUTE pal_x (%s)"\n')
     assert storage_sql_text(trees) == [f"pal.storage.runs:{line} holds SQL text: name it in storage/sql/queries.sql"
                                        for line in (7, 8, 8)]
+
+
+# The step path passes its state along as values (a claim ahead, a RunsNext, a batch's publish):
+# no module of it keeps per-thread state or a module-level mutable collection that another part
+# reads behind a caller's back (docs/architecture.md, "The life of one step").
+STEP_PATH = ("pal.engine.steps", "pal.engine.runtime", "pal.engine.recovery", "pal.storage.steps",
+             "pal.storage.primitives", "pal.workers.tasks", "pal.workers.inline", "pal.workers.publishing",
+             "pal.workers.node_messages", "pal.workers.redis_transport", "pal.workers.broker_wire")
+MUTABLE_MAKERS = frozenset({"set", "dict", "list", "deque", "defaultdict", "local"})
+
+
+def hidden_state(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, what) for each threading.local() anywhere, and each collection a module starts empty
+    to fill later (a table written out in full is a constant)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "local":
+            yield node.lineno, "keeps per-thread state"
+    for statement in tree.body:
+        value = statement.value if isinstance(statement, ast.Assign | ast.AnnAssign) else None
+        empty_literal = (isinstance(value, ast.List | ast.Set) and not value.elts) or (
+            isinstance(value, ast.Dict) and not value.keys)
+        made_empty = (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                      and value.func.id in MUTABLE_MAKERS and not value.args)
+        if empty_literal or made_empty:
+            yield statement.lineno, "keeps a module-level mutable collection"
+
+
+def step_path_state(trees: dict[str, ast.Module]) -> list[str]:
+    return [f"{module}:{line} {what}: pass it along as a value" for module, tree in trees.items()
+            if module in STEP_PATH for line, what in hidden_state(tree)]
+
+
+def test_the_step_path_keeps_no_hidden_state() -> None:
+    trees = parsed_house()
+    assert set(STEP_PATH) <= trees.keys()  # a module renamed away must be renamed here too
+    assert step_path_state(trees) == []
+
+
+def test_the_rule_catches_planted_hidden_state() -> None:
+    trees = parsed_house()
+    trees["pal.workers.inline"] = ast.parse("import threading\nTAKEN: set[str] = set()\n"
+                                            "class A:\n    def __init__(self):\n"
+                                            "        self.held = threading.local()\n")
+    assert step_path_state(trees) == [
+        "pal.workers.inline:5 keeps per-thread state: pass it along as a value",
+        "pal.workers.inline:2 keeps a module-level mutable collection: pass it along as a value"]
