@@ -170,13 +170,13 @@ def test_a_successors_message_is_built_during_its_completion_and_sent_after_the_
         built_ids.append(json.loads(made.commands[0][2])["headers"]["id"])
         return made
 
-    def traced_send(messages: list[Any], own: bool = False, ahead: Any = None) -> None:
+    def traced_send(messages: list[Any], take: Any = None, own: bool = False, ahead: Any = None) -> None:
         if any(isinstance(message, Built) for message in messages):
             with client.runtime.journal.engine.connect() as conn:
                 completed_at_send.append(conn.execute(sa.text(
                     "SELECT count(*) FROM journal_events WHERE run_id = :r AND kind = 'step_completed'"),
                     {"r": run_id}).scalar_one())
-        send(messages, own, ahead)
+        send(messages, take, own, ahead)
 
     monkeypatch.setattr(autocommit, "rows", traced_rows)
     monkeypatch.setattr(publisher, "build", traced_build)

@@ -124,15 +124,10 @@ class StepStore(Primitives):
 
     def _claim_in_one_call(self, calls: AutocommitCalls, fence: Fence, step_id: str,
                            ready: Ready | None, needs: Needs | None) -> Claim | None:
-        """Postgres: the usual claim as one autocommit call of `pal_claim_step_after` (migrations
-        0006 and 0019).
-
-        The attempt is predicted from this process's step log; the function starts it only if no
-        newer event concerns the step, so the prediction is what `claim_step`'s transaction would
-        decide. A run this process never claimed is read first, outside the call (its plan, input
-        and parent never change), and its log is then read whole by the call. None when there is
-        nothing to predict from (no such run, a step that completed, waits or may be backing off)
-        or the prediction did not hold: the caller then decides in a transaction."""
+        """Postgres: the usual claim as one call of `pal_claim`, its attempt predicted from this
+        process's step log (a run never seen is read first; its plan and input never change); the
+        function starts it only if no newer event concerns the step. None (the caller decides in
+        a transaction) when there is nothing to predict from or the prediction did not hold."""
         run_id = fence.run_id
         known = self._known_log(run_id)
         if not _predictable(known, step_id, fence):
@@ -144,7 +139,7 @@ class StepStore(Primitives):
         if ready is not None and not ready(run, known.outputs):
             # Usually this process's log is only behind: another process completed the step's
             # predecessor. When the plan names the completions that would make the step ready,
-            # the claim itself checks them (`pal_claim_step_after`); otherwise read what came
+            # the claim itself checks them (`pal_claim`); otherwise read what came
             # after the log in one more autocommit call, which writes nothing, and decide on it.
             needed = needs(run, known.outputs) if needs is not None else None
             if needed is None:
@@ -191,24 +186,14 @@ class StepStore(Primitives):
     def complete_step(self, fence: Fence, step_id: str, attempt: int, output: Any, *, plan: Plan,
                       usage: Usage | None = None, frontier: Frontier | None = None,
                       claim_next: ClaimNext = False, meanwhile: Meanwhile | None = None) -> Handoff:
-        """Step protocol, phase 3: `step_completed`, successor hand-off and maybe the finish,
-        in one transaction fenced by generation. Raises LeaseLost when fenced out.
+        """Step protocol, phase 3: `step_completed` (its usage joins the run's totals once), the
+        hand-off and maybe the finish, fenced by generation; LeaseLost when fenced out.
 
-        The step's usage is added to the run's totals here, only by the transaction whose
-        `step_completed` insert won, so a replay or a duplicate message never counts it twice.
-
-        `claim_next`: the caller will run the hand-off's successor itself when there is only one
-        (a solo worker takes its message back as it publishes it; a finisher of awaited steps
-        runs it next), or, given a predicate, when there is only one and the predicate accepts
-        it. The same transaction then starts the successor's attempt, when a one-call completion
-        can, and the hand-off carries its claim (`Handoff.ahead`), which the caller hands to
-        `claim_step` with the successor's message: that claim then needs no statement. A claim
-        ahead that is not used (its message went to the queue) leaves the step started; a claim
-        from the journal finds it so (a duplicate), and the sweep re-drives it after its lease.
-
-        `meanwhile(decision)` runs while a one-call completion is on its way, with the hand-off it
-        will make if it commits as planned (the caller prepares the successors' messages); it must
-        not raise. Nothing is published before the completion has committed."""
+        `claim_next` (True, or a predicate on the successor): the caller runs a lone successor
+        itself, so a one-call completion also starts its attempt and returns the claim as
+        `Handoff.ahead` (docs/decisions/claim-ahead.md). `meanwhile(decision)` runs while a
+        one-call completion is on its way (the caller builds the successors' messages); it must not
+        raise."""
         payload: dict[str, Any] = {"output": json_safe(output)}
         if usage is not None and (usage.input_tokens or usage.output_tokens or usage.cost_usd):
             payload["usage"] = {"input_tokens": usage.input_tokens,
@@ -240,17 +225,10 @@ class StepStore(Primitives):
     def _complete_in_one_call(self, calls: AutocommitCalls, fence: Fence, step_id: str, attempt: int,
                               payload: Mapping[str, Any], plan: Plan, claim_next: ClaimNext,
                               meanwhile: Meanwhile | None) -> Handoff | None:
-        """Postgres: a completion that only hands off, as one autocommit call of
-        `pal_complete_step_then` (migrations 0006, 0020 and 0023: a model call's usage joins the
-        run's totals in the same call).
-
-        The hand-off is planned first, from this process's step log plus this step's output; the
-        function appends `step_completed` only if no step event came after that log, so the plan
-        is what `complete_step`'s transaction would decide. None when the plan would write more
-        than the completion (the run finishes, or may park: see below) or the log was
-        not the latest: the caller then decides in a transaction. A plan that dispatches nothing
-        is one call only when the log shows no parked step that a decision has not ended: with
-        one, the run may have to park."""
+        """Postgres: a completion that only hands off, as one call of `pal_complete`, planned from
+        this process's step log; the function appends only if no step event came after that log.
+        None (the caller decides in a transaction) when the plan would finish the run, may park it
+        (nothing dispatched while a parked step is undecided), or the log was not the latest."""
         run_id = fence.run_id
         known = self._known_log(run_id)
         if step_id in known.outputs:

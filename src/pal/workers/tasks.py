@@ -58,16 +58,10 @@ def register_tasks(app: Celery) -> None:
 
 
 def execute_node(task: Any, run_id: Any, step_id: Any, generation: Any, signature: Any = None) -> str:
-    """Execute one graph node of one run (one node per message).
-
-    Anyone who reaches the broker can send this message: it runs only if it carries PAL's
-    signature of exactly (run, step, generation) (pal.core.doorbell); anything else is refused
-    before the journal is touched, and never fails the run.
-
-    A step that failed for good (its failure and the run's committed) ends the task as FAILURE
-    (StepFailed), so Celery and Flower show it failed; the message is still acknowledged, never
-    redelivered. Every other outcome (completed, retrying, waiting, a stale, duplicate or forged
-    message) is a success."""
+    """Execute one graph node of one run, if the message carries PAL's signature of exactly (run,
+    step, generation) (pal.core.doorbell): anyone who reaches the broker can send one. A step that
+    failed for good ends the task as FAILURE (StepFailed) for Flower; every other outcome
+    (completed, retrying, waiting, stale, duplicate, forged) is a success."""
     rt = task.app.runtime
     if not (isinstance(run_id, str) and isinstance(step_id, str) and type(generation) is int
             and rt.doorbell_is_genuine(run_id, step_id, generation, signature)):
