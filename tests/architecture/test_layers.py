@@ -323,8 +323,8 @@ def test_the_rule_catches_planted_sql_text_and_leaves_prose_and_core_alone() -> 
 # The step path passes its state along as values (a claim ahead, a RunsNext, a batch's publish):
 # no module of it keeps per-thread state or a module-level mutable collection that another part
 # reads behind a caller's back (docs/architecture.md, "The life of one step").
-STEP_PATH = ("pal.engine.steps", "pal.engine.runtime", "pal.engine.recovery", "pal.storage.steps",
-             "pal.storage.primitives", "pal.workers.tasks", "pal.workers.inline", "pal.workers.publishing",
+STEP_PATH = ("pal.engine.steps", "pal.engine.runtime", "pal.engine.recovery", "pal.engine.async_steps",
+             "pal.storage.steps", "pal.storage.primitives", "pal.workers.tasks", "pal.workers.inline", "pal.workers.publishing",
              "pal.workers.node_messages", "pal.workers.redis_transport", "pal.workers.broker_wire")
 MUTABLE_MAKERS = frozenset({"set", "dict", "list", "deque", "defaultdict", "local"})
 

@@ -30,8 +30,19 @@ from pal.engine.heartbeat import STOP_GRACE_SECONDS, LeaseGone, LeaseKeeper, Tim
 
 log = logging.getLogger(__name__)
 
-Finish = Callable[[Any], None]
-"""finish(outcome): journal the effect's result, or the BaseException it ended with."""
+class Slot:
+    """One of the process's `limit` places, held by the caller of one step: an awaited effect takes
+    it over (`submit`), a finisher hands its own to the step it runs next."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held: bool = True) -> None:
+        self.held = held
+
+
+Finish = Callable[[Any, Slot], None]
+"""finish(outcome, slot): journal the effect's result, or the BaseException it ended with; `slot`
+is the effect's, which a step the finisher runs next may take over."""
 
 FINISHER_THREADS = 4  # journal calls are short; more threads would only contend for the GIL
 
@@ -49,21 +60,20 @@ class AsyncSteps:
         self._finishers: ThreadPoolExecutor | None = None
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
-        self._held = threading.local()  # .slot: this thread holds a slot (`slot`, or a finisher's)
 
     @property
     def in_flight(self) -> int:
         return self._in_flight
 
     def submit(self, effect: Coroutine[Any, Any, Any], *, run_id: str, generation: int, limit_s: float,
-               finish: Finish) -> None:
+               finish: Finish, slot: Slot | None = None) -> None:
         """Run `effect` on the loop under the run's lease and the step's time limit, then `finish`
-        its outcome on a finisher thread. The effect takes over the slot this thread holds
-        (`slot`); without one, this waits for a free one."""
+        its outcome on a finisher thread. The effect takes over the caller's `slot`; without one
+        held, this waits for a free one."""
         if self._pid != os.getpid():  # a forked pool process: the parent's loop is not here
             self._start()
-        if getattr(self._held, "slot", False):
-            self._held.slot = False  # the effect takes over the slot this thread holds (`slot`)
+        if slot is not None and slot.held:
+            slot.held = False  # the effect's now
         else:
             self._acquire()
         # The lease is watched from here, as soon after the claim as a step in a thread is, until
@@ -80,23 +90,23 @@ class AsyncSteps:
             raise
 
     @contextmanager
-    def slot(self) -> Iterator[None]:
-        """Hold a slot while this thread claims and runs a step: an awaited effect takes it over
+    def slot(self, held: Slot | None = None) -> Iterator[Slot]:
+        """A slot for the caller while it claims and runs a step: an awaited effect takes it over
         (`submit`), else it is freed at the end. So a thread never holds a claimed step while it
-        waits for room on the loop, and a process runs at most `limit` steps at once. Within a
-        held slot (a finisher's, or nested), nothing more is taken."""
+        waits for room on the loop, and a process runs at most `limit` steps at once. Given one
+        still `held` (a finisher's), that one is used and nothing more is taken."""
         if self._pid != os.getpid():
             self._start()
-        if getattr(self._held, "slot", False):
-            yield
+        if held is not None and held.held:
+            yield held
             return
         self._acquire()
-        self._held.slot = True
+        slot = Slot()
         try:
-            yield
+            yield slot
         finally:
-            if self._held.slot:
-                self._held.slot = False
+            if slot.held:
+                slot.held = False
                 self._release()
 
     def drain(self, timeout: float) -> bool:
@@ -137,15 +147,15 @@ class AsyncSteps:
         self._finishers.submit(self._finish, finish, outcome, token)
 
     def _finish(self, finish: Finish, outcome: Any, token: int) -> None:
-        self._held.slot = True  # the effect's: a step this finisher runs next may take it over
+        slot = Slot()  # the effect's: a step this finisher runs next may take it over
         try:
-            finish(outcome)
+            finish(outcome, slot)
         except Exception:  # the lease lapses and the sweep re-drives the step
             log.exception("an awaited step's outcome was not journaled; the sweep re-drives it")
         finally:
             self._leases.unwatch(token)
-            if self._held.slot:
-                self._held.slot = False
+            if slot.held:
+                slot.held = False
                 self._release()
 
     def _acquire(self) -> None:

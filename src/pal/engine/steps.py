@@ -21,6 +21,7 @@ from pal.core.failures import failure_payload
 from pal.core.limits import output_problem
 from pal.core.records import Claim, ClaimAhead, ClaimOutcome, Handoff, RunRecord, Usage
 from pal.core.secrets import reveal, scrub_known
+from pal.engine.async_steps import Finish, Slot
 from pal.engine.gate import gate
 from pal.engine.heartbeat import LeaseGone, TimeLimitReached
 from pal.engine.receipt_book import JournalReceipts
@@ -76,20 +77,20 @@ def step_time_limit(data: Mapping[str, Any], settings: Settings) -> float:
 
 def execute_step(rt: Runtime, run_id: str, step_id: str, generation: int,
                  sent_at: float | None = None, ahead: ClaimAhead | None = None,
-                 runs_next: RunsNext | None = None) -> StepResult:
+                 runs_next: RunsNext | None = None, slot: Slot | None = None) -> StepResult:
     """Run one step of one run, exactly as one `pal.execute_node` message asks (`sent_at`: when
     the message was published or due, Unix seconds, for the step span's queue wait; `ahead`: the
     claim the completion before it took for this caller; `runs_next`: the caller runs one message
     of the hand-off next itself). A worker process runs at most PAL_ASYNC_STEPS at once
-    (pal.engine.async_steps)."""
+    (pal.engine.async_steps); a finisher passes the `slot` its effect held, which this step takes over."""
     if rt.async_steps is None:
-        return _execute(rt, run_id, step_id, generation, sent_at, ahead, runs_next)
-    with rt.async_steps.slot():
-        return _execute(rt, run_id, step_id, generation, sent_at, ahead, runs_next)
+        return _execute(rt, run_id, step_id, generation, sent_at, ahead, runs_next, None)
+    with rt.async_steps.slot(slot) as held:
+        return _execute(rt, run_id, step_id, generation, sent_at, ahead, runs_next, held)
 
 
 def _execute(rt: Runtime, run_id: str, step_id: str, generation: int, sent_at: float | None,
-             ahead: ClaimAhead | None, runs_next: RunsNext | None) -> StepResult:
+             ahead: ClaimAhead | None, runs_next: RunsNext | None, slot: Slot | None) -> StepResult:
     settings, journal = rt.settings, rt.journal
     claim = _once_more_if_disconnected(lambda: journal.steps.claim_step(
         rt.fence(run_id, generation), step_id,
@@ -108,12 +109,12 @@ def _execute(rt: Runtime, run_id: str, step_id: str, generation: int, sent_at: f
     faults.point("after_claim_commit", step_id, run_id)
     tracing = rt.tracing
     if tracing is None:
-        return _run_claimed(rt, claim, step_id, generation, runs_next=runs_next)
-    return _traced(rt, tracing, claim, step_id, generation, sent_at, runs_next)
+        return _run_claimed(rt, claim, step_id, generation, runs_next=runs_next, slot=slot)
+    return _traced(rt, tracing, claim, step_id, generation, sent_at, runs_next, slot)
 
 
 def _traced(rt: Runtime, tracing: Tracing, claim: Claim, step_id: str, generation: int,
-            sent_at: float | None, runs_next: RunsNext | None) -> StepResult:
+            sent_at: float | None, runs_next: RunsNext | None, slot: Slot | None) -> StepResult:
     """The claimed attempt inside its span; the generation's root span when the run finishes or
     parks here (docs/observability.md)."""
     assert claim.run is not None
@@ -133,7 +134,8 @@ def _traced(rt: Runtime, tracing: Tracing, claim: Claim, step_id: str, generatio
 
     try:
         with span.current():
-            result = _run_claimed(rt, claim, step_id, generation, after=traced, runs_next=runs_next)
+            result = _run_claimed(rt, claim, step_id, generation, after=traced, runs_next=runs_next,
+                                  slot=slot)
     except BaseException:
         span.end()
         raise
@@ -153,7 +155,7 @@ def _end_generation(rt: Runtime, tracing: Tracing, claim: Claim, generation: int
 
 def _run_claimed(rt: Runtime, claim: Claim, step_id: str, generation: int,
                  after: Callable[[StepResult], object] | None = None,
-                 runs_next: RunsNext | None = None) -> StepResult:
+                 runs_next: RunsNext | None = None, slot: Slot | None = None) -> StepResult:
     """Phase 2 and 3 of the step protocol for an attempt this worker claimed. A node whose effect
     is awaitable runs on the process's event loop (pal.engine.async_steps): the attempt is then
     AWAITING, and `after` gets its result once its outcome is journaled (its finisher, not the
@@ -186,7 +188,7 @@ def _run_claimed(rt: Runtime, claim: Claim, step_id: str, generation: int,
         # The confidence gate (off unless PAL_CONFIDENCE_GATE says so) judges the action first.
         diverted = gate(rt, claim.run, node, ctx, generation, claim.log)
         settle = _Settle(rt, claim, step_id, generation, program, policy, limit_s, paused, after)
-        ran = diverted or _run_node(rt, claim.run, node, ctx, generation, limit_s, settle.awaited)
+        ran = diverted or _run_node(rt, claim.run, node, ctx, generation, limit_s, settle.awaited, slot)
         if ran is None:
             return StepResult(AWAITING)
         outcome = ran
@@ -210,8 +212,8 @@ class _Settle:
     paused: int  # attempts that were claimed but never ran their node (an approved budget pause)
     after: Callable[[StepResult], object] | None = None
 
-    def awaited(self, outcome: Any) -> None:
-        """The end of an effect that ran on the event loop (pal.engine.async_steps)."""
+    def awaited(self, outcome: Any, slot: Slot) -> None:
+        """The end of an effect that ran on the event loop (pal.engine.async_steps), in its `slot`."""
         assert self.claim.run is not None
         faults.point("after_effect", self.step_id, self.claim.run.id)
         if not isinstance(outcome, BaseException):
@@ -224,7 +226,7 @@ class _Settle:
             self.after(result)
         if result.ahead is not None:  # the successor's claim is this thread's: no statement
             ahead = result.ahead
-            execute_step(self.rt, self.claim.run.id, ahead.step_id, self.generation, ahead=ahead)
+            execute_step(self.rt, self.claim.run.id, ahead.step_id, self.generation, ahead=ahead, slot=slot)
 
     def settle(self, outcome: NodeResult | Park | BaseException, chain: bool = False,
                runs_next: RunsNext | None = None) -> StepResult:
@@ -264,7 +266,7 @@ def _input(run: RunRecord) -> Any:
 
 
 def _run_node(rt: Runtime, run: RunRecord, node: Node, ctx: StepContext, generation: int,
-              limit_s: float, finish: Callable[[Any], None]) -> NodeResult | Park | None:
+              limit_s: float, finish: Finish, slot: Slot | None) -> NodeResult | Park | None:
     """The node's effect, under the lease heartbeat and the step's time limit; its result checked
     (JSON, size, depth) and scrubbed of secret values before anything journals it. On a worker
     that awaits effects, an awaitable one goes to the event loop (pal.engine.async_steps), whose
@@ -275,7 +277,7 @@ def _run_node(rt: Runtime, run: RunRecord, node: Node, ctx: StepContext, generat
         effect = node.kind.awaitable(node.data, ctx) if rt.async_steps is not None else None
         if effect is not None and rt.async_steps is not None:
             rt.async_steps.submit(effect, run_id=run.id, generation=generation, limit_s=limit_s,
-                                  finish=finish)
+                                  finish=finish, slot=slot)
             return None
         raw = node.kind.execute(node.data, ctx)
         faults.point("after_effect", ctx.step_id, run.id)
