@@ -56,8 +56,8 @@ from pal.engine.runs import start_run  # noqa: E402
 from pal.engine.runtime import Runtime  # noqa: E402
 from pal.engine.steps import execute_step  # noqa: E402
 from pal.storage.database import create_engine, normalize_url  # noqa: E402
-from pal.storage.one_call import FunctionCall  # noqa: E402
 from pal.storage.schema.migrate import upgrade  # noqa: E402
+from pal.storage.sql.queries import Query  # noqa: E402
 
 PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -443,7 +443,7 @@ def anatomy(infra: Infra, length: int, tmp: Path) -> list[tuple[str, StepCost]]:
         if journal.calls is not None:  # Postgres: each one-call statement is its own commit
             one_call = journal.calls.rows
 
-            def counted_rows(call: FunctionCall, params: Any, meanwhile: Any = None) -> list[tuple[Any, ...]]:
+            def counted_rows(call: Query, params: Any, meanwhile: Any = None) -> list[tuple[Any, ...]]:
                 cost.statements += 1
                 cost.commits += 1
                 t = time.perf_counter()

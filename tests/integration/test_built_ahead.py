@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from pal.client import Client
 from pal.engine.steps import execute_step
-from pal.storage.one_call import AutocommitCalls, FunctionCall
+from pal.storage.one_call import AutocommitCalls
 from pal.storage.sql.queries import Query
 from pal.workers.node_messages import Built, NodePublisher, OwnMessage
 from tests.conftest import Backend
@@ -32,9 +32,9 @@ from tests.support.tools import calls
 pytestmark = pytest.mark.fast_publisher
 
 # Calls of the tests' own, not PAL's: built from literal text, never put in queries.sql.
-SLEEP = FunctionCall.of(Query("test_sleep", "SELECT * FROM pg_sleep($1::double precision)"))
-LOCK = FunctionCall.of(Query("test_lock", "SELECT * FROM pg_advisory_xact_lock($1::bigint)"))
-SET_CONFIG = FunctionCall.of(Query("test_set_config", "SELECT * FROM set_config($1::text, $2::text, $3::boolean)"))
+SLEEP = Query("test_sleep", "SELECT * FROM pg_sleep($1::double precision)")
+LOCK = Query("test_lock", "SELECT * FROM pg_advisory_xact_lock($1::bigint)")
+SET_CONFIG = Query("test_set_config", "SELECT * FROM set_config($1::text, $2::text, $3::boolean)")
 
 
 @pytest.fixture
@@ -156,7 +156,7 @@ def test_a_successors_message_is_built_during_its_completion_and_sent_after_the_
     completed_at_send: list[int] = []  # per built message sent: the run's completions committed by then
     rows, build, send = autocommit.rows, publisher.build, publisher._send
 
-    def traced_rows(call: FunctionCall, params: Any, meanwhile: Any = None) -> Any:
+    def traced_rows(call: Query, params: Any, meanwhile: Any = None) -> Any:
         calling["now"] = call.name
         try:
             return rows(call, params, meanwhile)
@@ -222,7 +222,7 @@ def test_a_fenced_out_completion_sends_nothing_it_built(
         built.append(made)
         return made
 
-    def taken_over(call: FunctionCall, params: Any, meanwhile: Any = None) -> Any:
+    def taken_over(call: Query, params: Any, meanwhile: Any = None) -> Any:
         if call.name == "complete_step":
             with client.runtime.journal.engine.begin() as conn:
                 conn.execute(sa.text("UPDATE run_locks SET generation = generation + 1 WHERE run_id = :r"),

@@ -23,7 +23,7 @@ from pal.core.records import Claim, ClaimOutcome, Plan, Usage
 from pal.core.vocabulary import EventKind
 from pal.errors import PalError
 from pal.storage.journal import Journal
-from pal.storage.one_call import FunctionCall
+from pal.storage.sql.queries import Query
 from tests.storage import kit
 from tests.storage.kit import TTL, at, fence, new_run
 
@@ -166,7 +166,7 @@ def count_calls(journal: Journal) -> list[str]:
     made: list[str] = []
     rows = calls.rows
 
-    def counted(call: FunctionCall, params: Any, meanwhile: Any = None) -> list[tuple[Any, ...]]:
+    def counted(call: Query, params: Any, meanwhile: Any = None) -> list[tuple[Any, ...]]:
         made.append(call.name)
         return rows(call, params, meanwhile)
 

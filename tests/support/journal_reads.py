@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from pal.client import Client
-from pal.storage.one_call import FunctionCall
+from pal.storage.sql.queries import Query
 
 
 def started(client: Client, run_id: str, step_id: str) -> list[int | None]:
@@ -28,7 +28,7 @@ class Counted:
         assert autocommit is not None
         original = autocommit.rows
 
-        def rows(call: FunctionCall, params: Any, meanwhile: Any = None) -> Any:
+        def rows(call: Query, params: Any, meanwhile: Any = None) -> Any:
             self.calls.append(call.name)
             return original(call, params, meanwhile)
 

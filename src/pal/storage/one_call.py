@@ -49,22 +49,6 @@ class _Held:
     prepared: set[str] | None
 
 
-@dataclass(frozen=True)
-class FunctionCall:
-    """A named query (pal.storage.sql.queries) as this pool sends it: PREPAREd once per connection
-    and then EXECUTEd by name, so Postgres parses and plans the call once per connection instead of
-    at every step; sent whole where statements cannot be kept."""
-
-    name: str  # the query's: what a connection records as prepared, what tests count
-    prepare: str  # PREPARE pal_<name> AS SELECT * FROM <function>($1::<type>, ...)
-    execute: str  # EXECUTE pal_<name> (%s, ...): psycopg2 fills in the parameters
-    plain: str  # SELECT * FROM <function>(%s::<type>, ...): where statements cannot be kept
-
-    @classmethod
-    def of(cls, query: Query) -> FunctionCall:
-        return cls(query.name, query.prepare, query.execute, query.driver_sql)
-
-
 class AutocommitCalls:
     """The autocommit connections of one engine in this process (`calls_for` shares them)."""
 
@@ -77,7 +61,7 @@ class AutocommitCalls:
         self._open: list[_Held] = []  # every connection this process opened and has not closed
         sa.event.listen(engine, "engine_disposed", self._on_disposed)
 
-    def rows(self, call: FunctionCall, params: Sequence[Any],
+    def rows(self, call: Query, params: Sequence[Any],
              meanwhile: Callable[[], object] | None = None) -> list[tuple[Any, ...]]:
         """Run one call as its own transaction; its rows. StorageError on failure, with
         `disconnected` set when the connection is gone (the next call opens a new one).
@@ -110,13 +94,13 @@ class AutocommitCalls:
                 self._checkin(held)
             raise
 
-    def _execute(self, held: _Held, cursor: Any, call: FunctionCall, params: Sequence[Any],
+    def _execute(self, held: _Held, cursor: Any, call: Query, params: Sequence[Any],
                  meanwhile: Callable[[], object] | None) -> None:
         """Execute the call by its prepared name, preparing it first on this connection's first
         use; unprepared once the connection has shown that it cannot keep statements."""
         connection, prepared = held.connection, held.prepared
         if prepared is None:  # this connection keeps no prepared statements
-            _sent_and_done(connection, cursor, call.plain, params, meanwhile)
+            _sent_and_done(connection, cursor, call.driver_sql, params, meanwhile)
             return
         try:
             if call.name not in prepared:
@@ -127,7 +111,7 @@ class AutocommitCalls:
             if getattr(exc, "pgcode", None) not in _STATEMENT_ELSEWHERE or connection.closed:
                 raise
             held.prepared = None  # from now on this connection calls the functions unprepared
-            _sent_and_done(connection, cursor, call.plain, params, None)
+            _sent_and_done(connection, cursor, call.driver_sql, params, None)
 
     def _connection(self) -> Any:
         """The connection the next call gets while no other thread calls (the last used, or a new

@@ -36,15 +36,15 @@ from pal.core.views import WithOne
 from pal.core.vocabulary import TERMINAL_STATUSES, EventKind, RunStatus
 from pal.errors import journal_error
 from pal.storage.base import EventRow, Outcome, event_rows, json_safe, lease_lost
-from pal.storage.one_call import AutocommitCalls, FunctionCall
+from pal.storage.one_call import AutocommitCalls
 from pal.storage.primitives import Primitives, started_payload
 from pal.storage.schema import runs
 from pal.storage.sql.queries import query
 
-# The one-call statements (storage/sql/queries.sql), built once: a step only executes them.
-_READ_LOG = FunctionCall.of(query("read_step_log"))
-_CLAIM_STEP = FunctionCall.of(query("claim_step"))
-_COMPLETE_STEP = FunctionCall.of(query("complete_step"))
+# The one-call statements (storage/sql/queries.sql), looked up once: a step only executes them.
+_READ_LOG = query("read_step_log")
+_CLAIM_STEP = query("claim_step")
+_COMPLETE_STEP = query("complete_step")
 # How long after its completion's fence a claimed successor is still its caller's to run without
 # a statement (at most a quarter of the lease, which the heartbeat renews after a third): the
 # message it was taken with runs next (pal.workers.inline), within milliseconds. A later claim goes
