@@ -50,10 +50,10 @@ class TakingWorker:
     def may_claim(self) -> bool:
         return self.takes
 
-    def ring(self, run_id: str, step_id: str, generation: int, built: object = None) -> None:
+    def ring(self, run_id: str, step_id: str, generation: int, prepared: object = None) -> None:
         self.outbox.append((run_id, step_id, generation))
 
-    def ring_own(self, run_id: str, step_id: str, generation: int, built: object = None,
+    def ring_own(self, run_id: str, step_id: str, generation: int, prepared: object = None,
                  ahead: ClaimAhead | None = None) -> bool:
         message = (run_id, step_id, generation)
         (self.taken if self.takes_back else self.outbox).append(message)

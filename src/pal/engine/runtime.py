@@ -43,16 +43,16 @@ log = logging.getLogger(__name__)
 
 class Publish(Protocol):
     def __call__(self, run_id: str, step_id: str, generation: int, *, countdown: float = 0.0,
-                 built: object = None) -> None:
-        """Ring the doorbell for one step, now or `countdown` seconds from now (`built`: its
-        message as its `build` made it, if it did: BuildMessage)."""
+                 prepared: object = None) -> None:
+        """Ring the doorbell for one step, now or `countdown` seconds from now (`prepared`: the
+        doorbell its publisher prepared ahead, if it did: PrepareDoorbell)."""
 
 
-BuildMessage = Callable[[str, str, int, bool], object]
-"""build(run_id, step_id, generation, own): a doorbell's message built ahead of its publish, to be
-passed to it as `built` (None when it cannot be built now); `own`: built as the message its worker
-will most likely run itself next (RunsNext.ring_own). The builder belongs to the publish it was
-made with (`Runtime.use_publisher`)."""
+PrepareDoorbell = Callable[[str, str, int, bool], object]
+"""prepare(run_id, step_id, generation, own): a doorbell prepared ahead of its ring, opaque to the
+engine, passed to the ring as `prepared` (None when it cannot be prepared now); `own`: prepared as
+the doorbell its worker will most likely answer itself next (RunsNext.ring_own). It belongs to the
+publish it came with (`Runtime.use_publisher`)."""
 
 
 class RunsNext(Protocol):
@@ -63,11 +63,11 @@ class RunsNext(Protocol):
     def may_claim(self) -> bool:
         """Whether the completion may claim a lone successor for this worker (it will take it back)."""
 
-    def ring(self, run_id: str, step_id: str, generation: int, built: object = None) -> None:
+    def ring(self, run_id: str, step_id: str, generation: int, prepared: object = None) -> None:
         """Ring a successor's doorbell, as `Runtime.publish` does (the worker may take the queue's
         oldest message with it, to run next)."""
 
-    def ring_own(self, run_id: str, step_id: str, generation: int, built: object = None,
+    def ring_own(self, run_id: str, step_id: str, generation: int, prepared: object = None,
                  ahead: ClaimAhead | None = None) -> bool:
         """Ring the doorbell of the successor the completion claimed (`ahead`) and keep that very
         message, for this worker to run next with its claim; False when it went to the queue
@@ -92,9 +92,9 @@ class WatchPlan:
 class Runtime:
     def __init__(self, settings: Settings, publish: Publish,
                  publish_batch: PublishBatch | None = None,
-                 build_message: BuildMessage | None = None) -> None:
+                 prepare_doorbell: PrepareDoorbell | None = None) -> None:
         self.settings = settings
-        self.use_publisher(publish, publish_batch, build_message)
+        self.use_publisher(publish, publish_batch, prepare_doorbell)
         self.publish_vm: Callable[[str], None] = _no_vm_queue  # the VM queue's spawn (pal.engine.vms)
         self.leases = LeaseKeeper(self._renew_lease, settings.lease_ttl)
         # Awaitable effects run on an event loop: a worker's (pal.workers.pal_app); elsewhere in the thread.
@@ -148,11 +148,11 @@ class Runtime:
         return Fence(run_id, generation, self.worker_id, utcnow(), self.settings.lease_ttl)
 
     def use_publisher(self, publish: Publish, publish_batch: PublishBatch | None = None,
-                      build_message: BuildMessage | None = None) -> None:
+                      prepare_doorbell: PrepareDoorbell | None = None) -> None:
         """How this runtime rings doorbells: one at a time, in a batch (else one at a time), and
-        (PAL's own publisher) how it builds a doorbell's message ahead of its publish, which only
-        that publish can send."""
-        self._publish, self.build_message = publish, build_message
+        (PAL's own publisher) how it prepares a doorbell ahead of its ring, which only that publish
+        can ring."""
+        self._publish, self.prepare_doorbell = publish, prepare_doorbell
         self.publish_batch: PublishBatch = publish_batch or (lambda: contextlib.nullcontext(publish))
 
     @property
@@ -161,49 +161,49 @@ class Runtime:
 
     @publish.setter
     def publish(self, publish: Publish) -> None:
-        """Another publish (a test's outbox) builds and batches nothing: those were its predecessor's."""
+        """Another publish (a test's outbox) prepares and batches nothing: those were its predecessor's."""
         self.use_publisher(publish)
 
-    def build_hand_off(self, run_id: str, successors: Sequence[str], generation: int,
-                       own: bool = False) -> dict[str, object]:
-        """The successors' messages, built while the completion that must commit before they are
+    def prepare_hand_off(self, run_id: str, successors: Sequence[str], generation: int,
+                         own: bool = False) -> dict[str, object]:
+        """The successors' doorbells, prepared while the completion that must commit before they are
         sent is on its way to the journal (pal.engine.steps): the worker's work overlaps the
-        journal's. Empty unless the publish builds messages ahead (`build_message`). `own`: the
+        journal's. Empty unless the publish prepares doorbells ahead (`prepare_doorbell`). `own`: the
         completion claims a lone successor for its worker, which will run its message itself
         (RunsNext)."""
-        build = self.build_message
-        if build is None:
+        prepare = self.prepare_doorbell
+        if prepare is None:
             return {}
         own = own and len(successors) == 1
-        built = ((successor, build(run_id, successor, generation, own)) for successor in successors)
-        return {successor: message for successor, message in built if message is not None}
+        made = ((successor, prepare(run_id, successor, generation, own)) for successor in successors)
+        return {successor: doorbell for successor, doorbell in made if doorbell is not None}
 
     def hand_off(self, run_id: str, step_id: str, successors: Sequence[str], generation: int,
-                 ahead: ClaimAhead | None = None, built: Mapping[str, object] | None = None,
+                 ahead: ClaimAhead | None = None, prepared: Mapping[str, object] | None = None,
                  kept: bool = False, runs_next: RunsNext | None = None) -> None:
         """Ring the successors of a completed step, only after its completion has committed: a
         crash before (the fault points) leaves a lease that lapses, and the sweep re-drives them.
         `ahead`: the claim of the successor whose attempt the completion started for this worker,
-        which `runs_next` takes back to run next, the claim with it. `built`: messages
-        `build_hand_off` made. `kept`: this thread runs that successor next with no message at all
+        which `runs_next` takes back to run next, the claim with it. `prepared`: doorbells
+        `prepare_hand_off` made. `kept`: this thread runs that successor next with no message at all
         (a finisher's chain, pal.engine.async_steps)."""
         faults.point("after_complete_commit", step_id, run_id)
         for successor in successors:
             faults.point("before_publish", step_id, run_id)
-            message = built.get(successor) if built else None
+            doorbell = prepared.get(successor) if prepared else None
             claimed = ahead is not None and successor == ahead.step_id
             if claimed and kept:
                 continue
-            if runs_next is None and message is not None:
-                self.publish(run_id, successor, generation, built=message)
+            if runs_next is None and doorbell is not None:
+                self.publish(run_id, successor, generation, prepared=doorbell)
             elif runs_next is None:
                 self.publish(run_id, successor, generation)
             elif claimed:
                 # Not taken back, it goes to the queue and its claim ahead is dropped with it: the
                 # worker that takes it finds the step started, and the sweep re-drives it.
-                runs_next.ring_own(run_id, successor, generation, built=message, ahead=ahead)
+                runs_next.ring_own(run_id, successor, generation, prepared=doorbell, ahead=ahead)
             else:
-                runs_next.ring(run_id, successor, generation, built=message)
+                runs_next.ring(run_id, successor, generation, prepared=doorbell)
 
     @property
     def worker_id(self) -> str:

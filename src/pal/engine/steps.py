@@ -305,13 +305,13 @@ def _complete(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generatio
     successor for it."""
     own = runs_next is not None and runs_next.may_claim()
     claim_next: ClaimNext = own or (chain and (lambda successor: _chainable(rt, program, successor)))
-    built: dict[str, object] = {}
+    prepared: dict[str, object] = {}
 
     def build(decision: Handoff) -> None:  # while the completion is on its way: sent only once it commits
         try:
-            built.update(rt.build_hand_off(run.id, decision.dispatch, generation, own=own))
-        except Exception:  # the publish builds what was not built ahead
-            log.warning("run %s step %s: successors' messages not built ahead", run.id, step_id,
+            prepared.update(rt.prepare_hand_off(run.id, decision.dispatch, generation, own=own))
+        except Exception:  # the publish prepares what was not prepared ahead
+            log.warning("run %s step %s: successors' doorbells not prepared ahead", run.id, step_id,
                         exc_info=True)
 
     try:
@@ -325,7 +325,7 @@ def _complete(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generatio
     # A crash before the publish leaves a lease that expires and the sweep re-drives the successors
     # (a successor the completion started too is resumed with the same attempt).
     kept = handoff.ahead if chain and not own else None  # a finisher's chain: no message at all
-    rt.hand_off(run.id, step_id, handoff.dispatch, generation, ahead=handoff.ahead, built=built,
+    rt.hand_off(run.id, step_id, handoff.dispatch, generation, ahead=handoff.ahead, prepared=prepared,
                 kept=kept is not None, runs_next=runs_next)
     if handoff.finished:
         _wake_parent(rt, run.parent_run_id)

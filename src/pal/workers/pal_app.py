@@ -106,8 +106,8 @@ def attach(app: Any, settings: Settings) -> Runtime:
     if str(app.conf.broker_url or "").startswith("redis://") and celery_private.fast_paths().on("publisher"):
         node_publisher = NodePublisher(app, EXECUTE_NODE, settings.queue)
     app.node_publisher = node_publisher
-    publish, publish_batch, build_message = publisher_of(app, settings.queue, node_publisher)
-    app.runtime = runtime = Runtime(settings, publish, publish_batch, build_message)
+    publish, publish_batch, prepare_doorbell = publisher_of(app, settings.queue, node_publisher)
+    app.runtime = runtime = Runtime(settings, publish, publish_batch, prepare_doorbell)
 
     def awaits_steps(sender: Any = None, **_: Any) -> None:  # a worker of this app, not a client
         if getattr(sender, "app", None) is app:

@@ -9,14 +9,14 @@ from contextlib import contextmanager
 from typing import Any
 
 from pal.core.records import ClaimAhead
-from pal.engine.runtime import BuildMessage, Publish, PublishBatch
+from pal.engine.runtime import PrepareDoorbell, Publish, PublishBatch
 from pal.workers import celery_private
 from pal.workers.node_messages import Built, NodePublisher, OwnMessage, Take
 from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
 
 
-def publisher_of(app: Any, queue: str,
-                 node_publisher: NodePublisher | None) -> tuple[Publish, PublishBatch, BuildMessage | None]:
+def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None
+                 ) -> tuple[Publish, PublishBatch, PrepareDoorbell | None]:
     """`app` is the PalCelery whose runtime signs the messages; `node_publisher` its Redis fast path."""
 
     def send_task(run_id: str, step_id: str, generation: int, countdown: float, producer: Any = None) -> None:
@@ -26,9 +26,9 @@ def publisher_of(app: Any, queue: str,
                       headers={SENT_AT_HEADER: time.time() + max(countdown, 0.0)})
 
     def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0,
-                built: object = None) -> None:
+                prepared: object = None) -> None:
         if node_publisher is not None and countdown <= 0:
-            node_publisher.publish(_message(app, built, run_id, step_id, generation))
+            node_publisher.publish(_message(app, prepared, run_id, step_id, generation))
             return
         send_task(run_id, step_id, generation, countdown)
 
@@ -39,16 +39,16 @@ def publisher_of(app: Any, queue: str,
         if node_publisher is not None:
             with node_publisher.batch() as hold:
                 def held(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0,
-                         built: object = None) -> None:
+                         prepared: object = None) -> None:
                     if countdown > 0:
                         send_task(run_id, step_id, generation, countdown)
                     else:
-                        hold(_message(app, built, run_id, step_id, generation))
+                        hold(_message(app, prepared, run_id, step_id, generation))
                 yield held
             return
         with app.producer_or_acquire() as producer, celery_private.publish_batch(producer):
             def batched(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0,
-                        built: object = None) -> None:
+                        prepared: object = None) -> None:
                 send_task(run_id, step_id, generation, countdown, producer)
             yield batched
 
@@ -56,7 +56,7 @@ def publisher_of(app: Any, queue: str,
         return publish, publish_batch, None
 
     def build(run_id: str, step_id: str, generation: int, own: bool = False) -> object:
-        """A doorbell's message, signed, built ahead of its publish (pal.engine.runtime.BuildMessage)."""
+        """A doorbell's message, signed, built ahead of its publish (pal.engine.runtime.PrepareDoorbell)."""
         return node_publisher.build(_signed(app, run_id, step_id, generation), own)
 
     return publish, publish_batch, build
@@ -73,19 +73,19 @@ class TakeBack:
     def may_claim(self) -> bool:
         return self._publisher.can_take(self.take)
 
-    def ring(self, run_id: str, step_id: str, generation: int, built: object = None) -> None:
-        self._publisher.publish(_message(self._app, built, run_id, step_id, generation), take=self.take)
+    def ring(self, run_id: str, step_id: str, generation: int, prepared: object = None) -> None:
+        self._publisher.publish(_message(self._app, prepared, run_id, step_id, generation), take=self.take)
 
-    def ring_own(self, run_id: str, step_id: str, generation: int, built: object = None,
+    def ring_own(self, run_id: str, step_id: str, generation: int, prepared: object = None,
                  ahead: ClaimAhead | None = None) -> bool:
-        message = _message(self._app, built, run_id, step_id, generation)
+        message = _message(self._app, prepared, run_id, step_id, generation)
         return self._publisher.publish_taken(message, self.take, ahead)
 
 
-def _message(app: Any, built: object, run_id: str, step_id: str,
+def _message(app: Any, prepared: object, run_id: str, step_id: str,
              generation: int) -> list[Any] | Built | OwnMessage:
     """The message `build` made ahead for this doorbell, if it did; else its signed arguments."""
-    return built if isinstance(built, Built | OwnMessage) else _signed(app, run_id, step_id, generation)
+    return prepared if isinstance(prepared, Built | OwnMessage) else _signed(app, run_id, step_id, generation)
 
 
 def _signed(app: Any, run_id: str, step_id: str, generation: int) -> list[Any]:
