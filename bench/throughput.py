@@ -233,15 +233,18 @@ def _wait_terminal(client: Client, run_ids: list[str], timeout: float) -> list[A
     return finished
 
 
-def pal_settings(url: str, home: Path, prefix: str, queue: str) -> tuple[Settings, dict[str, str]]:
+def pal_settings(url: str, home: Path, prefix: str, queue: str,
+                 broker_env: dict[str, str] | None = None) -> tuple[Settings, dict[str, str]]:
     env = base_env()
     env.update(PAL_HOME=str(home), PAL_DATABASE_URL=url, PAL_BROKER_URL=REDIS_URL,
                PAL_BROKER_KEY_PREFIX=prefix, PAL_QUEUE=queue)
+    env.update(broker_env or {})  # another broker (bench/brokers.py): its URL, options, TLS files
     return load_settings({k: v for k, v in env.items() if k.startswith("PAL_")}), env
 
 
 @contextlib.contextmanager
-def bench_schema(infra: Infra, label: str, tmp: Path) -> Iterator[tuple[str, Settings, dict[str, str]]]:
+def bench_schema(infra: Infra, label: str, tmp: Path, broker_env: dict[str, str] | None = None
+                 ) -> Iterator[tuple[str, Settings, dict[str, str]]]:
     """A fresh migrated schema with its settings and worker environment (own key prefix and
     queue); the schema and the keys are removed on the way out."""
     schema, url = infra.new_schema(label)
@@ -252,7 +255,7 @@ def bench_schema(infra: Infra, label: str, tmp: Path) -> Iterator[tuple[str, Set
         engine.dispose()
         home = tmp / schema
         home.mkdir()
-        settings, env = pal_settings(url, home, prefix, f"palbench-{schema}")
+        settings, env = pal_settings(url, home, prefix, f"palbench-{schema}", broker_env)
         yield schema, settings, env
     finally:
         infra.drop_schema(schema)
@@ -260,10 +263,11 @@ def bench_schema(infra: Infra, label: str, tmp: Path) -> Iterator[tuple[str, Set
 
 
 def measure_pal(infra: Infra, scenario: Scenario, tmp: Path, extra_env: dict[str, str] | None = None,
-                *, solo: bool = False) -> Measurement:
+                *, solo: bool = False, broker_env: dict[str, str] | None = None) -> Measurement:
     """One PAL measurement: fresh schema, prefix, queue and `pal worker` (with `extra_env` on top
-    of its settings; `solo`: SOLO_WORKERS solo workers instead); all removed after."""
-    with bench_schema(infra, "pal", tmp) as (schema, settings, env):
+    of its settings; `solo`: SOLO_WORKERS solo workers instead; `broker_env`: the client's and the
+    workers' broker, else the local Redis); all removed after."""
+    with bench_schema(infra, "pal", tmp, broker_env) as (schema, settings, env):
         log = tmp / schema / "worker.log"
         workers = start_pal_workers(env | (extra_env or {}), log, solo=solo)
         client = Client(settings)

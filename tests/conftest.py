@@ -6,6 +6,7 @@ command that starts it (under CI=true and everywhere else), it never skips.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -97,6 +98,13 @@ class Backend:
             # editable install's.
             PYTHONPATH=os.pathsep.join((str(REPO / "src"), str(REPO))),
         )
+        broker = s.broker
+        if broker.transport_options:
+            env["PAL_BROKER_TRANSPORT_OPTIONS"] = json.dumps(dict(broker.transport_options))
+        for name, path in (("CA", broker.tls_ca_file), ("CERT", broker.tls_cert_file),
+                           ("KEY", broker.tls_key_file)):
+            if path:
+                env[f"PAL_BROKER_TLS_{name}_FILE"] = path
         return env
 
 
@@ -120,9 +128,9 @@ def sqlite_backend(tmp_path: Path) -> Backend:
 
 
 def migrated_postgres_backend(folder: Path, database_url: str, broker_url: str = REDIS_URL,
-                              key_prefix: str = "") -> Backend:
+                              key_prefix: str = "", **env: str) -> Backend:
     settings = _settings(folder, PAL_DATABASE_URL=database_url, PAL_BROKER_URL=broker_url,
-                         PAL_BROKER_KEY_PREFIX=key_prefix)
+                         PAL_BROKER_KEY_PREFIX=key_prefix, **env)
     engine = create_engine(settings.database_url)
     migrate(engine)
     engine.dispose()

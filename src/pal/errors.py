@@ -54,6 +54,16 @@ def journal_error(detail: str, *, disconnected: bool = False) -> StorageError:
     return error
 
 
+class BrokerUnavailable(PalError):
+    """The broker could not take a doorbell (unreachable, refused, its TLS certificate not trusted).
+    What the journal holds stays: the orphan sweep rings a journaled step's doorbell again once its
+    lease lapses."""
+
+    def __init__(self, message: str, run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
 class Refused(PalError):
     """The request is refused in the run's current state; nothing was changed."""
 

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 
 from pal.engine.recovery import ResumeRefused
 from pal.errors import (
+    BrokerUnavailable,
     GraphError,
     InputError,
     PalError,
@@ -34,6 +35,7 @@ _STATUS_CODES: tuple[tuple[type[PalError], int], ...] = (
     (GraphError, 422),
     (InputError, 422),
     (StorageError, 503),
+    (BrokerUnavailable, 503),
 )
 
 
@@ -47,6 +49,9 @@ def error_payload(exc: PalError) -> dict[str, Any]:
     if isinstance(exc, StorageError):
         # The database's own message may name hosts, users or SQL: the client gets none of it.
         return {"detail": "the journal database failed; try again"}
+    if isinstance(exc, BrokerUnavailable):  # its message names the broker's host: not the client's
+        return {"detail": "the broker is unavailable; the run is journaled and the orphan sweep sends it",
+                "run_id": exc.run_id}
     if isinstance(exc, GraphError):
         return {"detail": str(exc), "problems": exc.problems}
     return {"detail": str(exc)}

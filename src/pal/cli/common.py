@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import typer
 
 from pal.config import Settings, load_settings
-from pal.errors import ConfigError, GraphError, InputError, PalError, Refused, RunNotFound, StorageError
+from pal.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    GraphError,
+    InputError,
+    PalError,
+    Refused,
+    RunNotFound,
+    StorageError,
+)
 
 if TYPE_CHECKING:
     from pal.client import Client
@@ -43,7 +52,7 @@ def exit_code(exc: PalError) -> int:
         return EXIT_BAD_INPUT
     if isinstance(exc, RunNotFound):
         return EXIT_NOT_FOUND
-    if isinstance(exc, StorageError):
+    if isinstance(exc, StorageError | BrokerUnavailable):
         return EXIT_STORAGE
     if isinstance(exc, Refused):
         return EXIT_REFUSED

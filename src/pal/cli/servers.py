@@ -38,6 +38,7 @@ def worker(
     from pal.tools import registered_tools
     from pal.workers import app as celery_app
     from pal.workers import celery_private
+    from pal.workers.pal_app import broker_paths_off
 
     settings = celery_app.runtime.settings  # the runtime has imported PAL_TOOL_MODULES by now
     queues = f"{settings.queue},{settings.vm_queue}" if vm_host else settings.queue
@@ -55,6 +56,10 @@ def worker(
     if paths.off:  # each says why (pal.workers.celery_private): a newer or older Celery/kombu
         typer.echo(f"pal worker: Celery {celery.__version__}, kombu {kombu.__version__}: fast paths "
                    f"{', '.join(paths.off)} off, their public paths on (same guarantees, slower)", err=True)
+    by_broker = {path: why for path, why in broker_paths_off(settings.broker_url).items() if paths.on(path)}
+    if by_broker:
+        typer.echo(f"pal worker: fast paths {', '.join(by_broker)} off for {next(iter(by_broker.values()))}; "
+                   "their public paths on (same guarantees, slower)", err=True)
     tools = ", ".join(sorted(registered_tools())) or "none"
     typer.echo(f"pal worker: lease {settings.lease_ttl:g}s, orphan sweep every "
                f"{settings.recovery_interval:g}s (run `pal beat` once per deployment), tools: {tools}",

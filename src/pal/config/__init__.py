@@ -8,6 +8,7 @@ PAL_DATABASE_URL         SQLAlchemy URL of the journal (default sqlite:///$PAL_H
 PAL_BROKER_URL           Celery broker (default filesystem://, folders under $PAL_HOME/broker)
 PAL_QUEUE                Celery queue the tasks use (default "pal")
 PAL_BROKER_KEY_PREFIX    Redis key prefix for every broker key (default none)
+PAL_BROKER_TRANSPORT_OPTIONS, PAL_BROKER_TLS_*   a Sentinel's master, TLS files (pal.config.broker)
 PAL_TENANT               tenant of runs started from this process (default "default")
 PAL_LEASE_TTL            lease length, a duration (default 30s)
 PAL_RECOVERY_INTERVAL    orphan sweep period, a Go duration (default 30s; bad values -> 30s)
@@ -38,6 +39,8 @@ PAL_SECRETS_FILE         JSON object of graph secrets, {"NAME": "value"}, read b
 PAL_BASELINE_INTERVAL    how often celery beat recomputes the per-node baselines (default 5m)
 PAL_ANOMALY_<THRESHOLD>  an anomaly rule's threshold, e.g. PAL_ANOMALY_MAX_RETRIES=20 (docs/anomalies.md)
 PAL_DB_POOL_SIZE         the most Postgres connections one process opens, shared by its threads (default 20)
+PAL_SHUTDOWN_GRACE       how long a stopping worker's steps may take to finish before their leases are
+                         handed back to another worker (default 25s; pal.workers.shutdown)
 PAL_CONTROL_URL          where VM harnesses report, the control plane's URL (default http://127.0.0.1:8000)
 PAL_VM_QUEUE             the Celery queue of VM spawns, consumed by `pal worker --vm-host` (default pal-vm)
 PAL_VM_ROOT              the folder holding microVM runs' work directories on a VM host
@@ -76,6 +79,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from pal.config.broker import BrokerOptions, load_broker_options
 from pal.core.anomalies import AnomalyLimits
 from pal.core.confidence import GateMode
 from pal.core.durations import parse_go_duration
@@ -110,6 +114,9 @@ DEFAULT_MAX_RUNS_IN_FLIGHT = 1_000  # top-level runs queued or running per tenan
 DEFAULT_STEP_TIMEOUT_SECONDS = 300.0  # a step's time limit when its node sets no timeoutMs
 
 DEFAULT_BASELINE_INTERVAL_SECONDS = 300.0
+# A stopping worker's steps finish within this, else their leases are handed back: before
+# Kubernetes' default 30 s termination grace ends in a SIGKILL.
+DEFAULT_SHUTDOWN_GRACE_SECONDS = 25.0
 
 @dataclass(frozen=True)
 class Settings:
@@ -164,6 +171,8 @@ class Settings:
     firecracker_rootfs: str = ""  # PAL_FIRECRACKER_ROOTFS
     signing_key: str = field(default="", repr=False)  # PAL_SIGNING_KEY, a secret: never in a repr
     trusted_keys: tuple[str, ...] = ()  # PAL_TRUSTED_KEYS
+    broker: BrokerOptions = field(default_factory=BrokerOptions)  # PAL_BROKER_TRANSPORT_OPTIONS, _TLS_*
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_SECONDS  # PAL_SHUTDOWN_GRACE
 
     @property
     def is_embedded_broker(self) -> bool:
@@ -259,15 +268,17 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     home = Path(env.get("PAL_HOME", "").strip() or DEFAULT_HOME).absolute()
     database_url = env.get("PAL_DATABASE_URL", "").strip() or f"sqlite:///{home / 'pal.db'}"
     concurrency_raw = env.get("PAL_WORKER_CONCURRENCY", "").strip()
+    broker_url = env.get("PAL_BROKER_URL", "").strip() or DEFAULT_BROKER_URL
+    broker_key_prefix = env.get("PAL_BROKER_KEY_PREFIX", "").strip()
     tool_modules = tuple(
         m.strip() for m in env.get("PAL_TOOL_MODULES", "").split(",") if m.strip()
     )
     return Settings(
         home=home,
         database_url=database_url,
-        broker_url=env.get("PAL_BROKER_URL", "").strip() or DEFAULT_BROKER_URL,
+        broker_url=broker_url,
         queue=env.get("PAL_QUEUE", "").strip() or DEFAULT_QUEUE,
-        broker_key_prefix=env.get("PAL_BROKER_KEY_PREFIX", "").strip(),
+        broker_key_prefix=broker_key_prefix,
         tenant=env.get("PAL_TENANT", "").strip() or DEFAULT_TENANT,
         lease_ttl=_positive_float(env, "PAL_LEASE_TTL", DEFAULT_LEASE_TTL_SECONDS),
         recovery_interval=recovery_interval(env.get("PAL_RECOVERY_INTERVAL")),
@@ -317,6 +328,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         firecracker_rootfs=env.get("PAL_FIRECRACKER_ROOTFS", "").strip(),
         signing_key=env.get("PAL_SIGNING_KEY", "").strip(),
         trusted_keys=tuple(k.strip() for k in env.get("PAL_TRUSTED_KEYS", "").split(",") if k.strip()),
+        broker=load_broker_options(env, broker_url, broker_key_prefix),
+        shutdown_grace=_positive_float(env, "PAL_SHUTDOWN_GRACE", DEFAULT_SHUTDOWN_GRACE_SECONDS),
     )
 
 

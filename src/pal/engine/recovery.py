@@ -15,7 +15,7 @@ cost seconds, not the 10-minute recovery lease.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -51,22 +51,41 @@ class SweepReport:
 
 def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True, allow_idle: bool = False,
             lease_ttl: float = RECOVERY_LEASE_SECONDS, now: datetime | None = None,
-            publish: Publish | None = None) -> Recovery | None:
+            publish: Publish | None = None, held_by: Sequence[str] = ()) -> Recovery | None:
     """Take over the run's lease and dispatch its first incomplete steps (a replay), with
     `publish` (the runtime's, unless a batch's).
 
-    A finished run, or one whose lease is still live (when `require_expired`), is left alone.
+    A finished run, or one whose lease is still live (when `require_expired`, unless one of
+    `held_by` holds it), is left alone.
     """
 
     recovery = rt.journal.recovery.recover_run(
         run_id=run_id, worker_id=f"recovery:{rt.worker_id}", now=now or utcnow(),
         lease_ttl=lease_ttl, plan=_replay_plan(rt), require_expired=require_expired,
-        allow_idle=allow_idle, redeliver_after=redelivery_gap(rt.settings),
+        allow_idle=allow_idle, redeliver_after=redelivery_gap(rt.settings), held_by=held_by,
     )
     if recovery is not None:
         _publish(publish or rt.publish, run_id, recovery)
         _trace_takeover(rt, run_id, recovery, now or utcnow())
     return recovery
+
+
+def hand_back(rt: Runtime, holders: Sequence[str]) -> dict[str, Recovery]:
+    """A stopping worker's leases (`holders`: the worker ids of its processes), taken over at
+    once rather than after they lapse: generation + 1, each run's first incomplete steps rung again
+    for another worker, a step still running here fenced out of the journal. A re-run step keeps
+    its attempt, so its idempotency key is the same."""
+    recovered: dict[str, Recovery] = {}
+    with rt.publish_batch() as publish:
+        for run_id in rt.journal.recovery.leases_held_by(holders):
+            try:
+                recovery = redrive(rt, run_id, held_by=holders, publish=publish)
+            except PalError:  # left to the sweep, after its lease lapses
+                log.warning("run %s: its lease was not handed back", run_id, exc_info=True)
+                continue
+            if recovery is not None:
+                recovered[run_id] = recovery
+    return recovered
 
 
 def _trace_takeover(rt: Runtime, run_id: str, recovery: Recovery, now: datetime) -> None:

@@ -20,7 +20,7 @@ from pal.engine.runtime import Runtime
 from pal.engine.tracing import current_traceparent, parse_traceparent
 from pal.engine.vms import start_vm
 from pal.engine.waiting import wake_quietly
-from pal.errors import InputError, WorkLimitExceeded
+from pal.errors import BrokerUnavailable, InputError, WorkLimitExceeded
 from pal.plan.programs import parse_plan
 from pal.tools import registered_tools
 
@@ -91,7 +91,11 @@ def start_run(
     if plan.kind == "microvm":
         start_vm(rt, record.id)  # the isolated tier: a VM, not a doorbell (docs/isolated-tier.md)
     elif created:
-        rt.publish(record.id, plan.program.first_step, 1)
+        try:
+            rt.publish(record.id, plan.program.first_step, 1)
+        except BrokerUnavailable as exc:
+            raise BrokerUnavailable(f"run {record.id} is journaled, but {exc}; the orphan sweep sends its "
+                                    "first step once its lease lapses", run_id=record.id) from exc
     return record, created
 
 

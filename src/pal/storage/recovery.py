@@ -32,6 +32,7 @@ class RecoveryStore(Primitives):
     def recover_run(
         self, *, run_id: str, worker_id: str, now: datetime, lease_ttl: float, plan: Replay,
         require_expired: bool = True, allow_idle: bool = False, redeliver_after: float | None = None,
+        held_by: Sequence[str] = (),
     ) -> Recovery | None:
         """Steal the run's lease (generation + 1) and record which steps the re-drive resumes.
 
@@ -42,7 +43,8 @@ class RecoveryStore(Primitives):
         nothing to do: the run is terminal or not in flight, or another holder's lease is live.
         Raises LeaseBusy when `allow_idle` finds a step running under a live lease.
         With `redeliver_after`, the resumed steps' messages are due to be sent again that many
-        seconds from now unless a worker claims one first (see `redeliver`).
+        seconds from now unless a worker claims one first (see `redeliver`). `held_by`: a live
+        lease of one of these holders is taken too (a stopping worker hands its leases back).
         """
         expires = now + timedelta(seconds=lease_ttl)
         with self._tx() as conn:
@@ -55,7 +57,7 @@ class RecoveryStore(Primitives):
                 take_live = True  # an idle live lease may go: its old messages are fenced out
             # Due for a resend unless a worker claims a step first (cleared below if none resumes).
             redeliver_at = now + timedelta(seconds=redeliver_after) if redeliver_after is not None else None
-            stolen = self._steal(conn, [run_id], worker_id, now, expires, redeliver_at, take_live)
+            stolen = self._steal(conn, [run_id], worker_id, now, expires, redeliver_at, take_live, held_by)
             self._drop_lock_rows_of_finished(conn, stolen, worker_id)
             generation = stolen.get(run_id)
             if generation is None:
@@ -64,6 +66,15 @@ class RecoveryStore(Primitives):
             recovery = Recovery(generation=generation, resumed_steps=steps)
             self._record_recoveries(conn, {run_id: recovery}, now, redelivery=redeliver_at is not None)
         return recovery
+
+    def leases_held_by(self, holders: Sequence[str]) -> list[str]:
+        """The runs whose live lease one of `holders` (worker ids) holds, in run id order."""
+        if not holders:
+            return []
+        with self._tx() as conn:
+            return list(conn.execute(
+                sa.select(run_locks.c.run_id).where(run_locks.c.worker_id.in_(list(holders)))
+                .order_by(run_locks.c.run_id)).scalars())
 
     def _refuse_if_busy(self, conn: sa.Connection, run_id: str, now: datetime) -> None:
         """LeaseBusy when a step runs under the run's live lease (an operator may not take it)."""
@@ -116,11 +127,14 @@ class RecoveryStore(Primitives):
         return recoveries
 
     def _steal(self, conn: sa.Connection, run_ids: Sequence[str], worker_id: str, now: datetime,
-               expires: datetime, redeliver_at: datetime | None, take_live: bool) -> dict[str, int]:
+               expires: datetime, redeliver_at: datetime | None, take_live: bool,
+               held_by: Sequence[str] = ()) -> dict[str, int]:
         """Take the runs' leases, in the order given: one UPSERT (generation + 1, or a new lock row
         at generation 1 for a run that had none). Only an expired lease is taken unless
-        `take_live`, and never a parked run's wake-up timer (the run may have parked since it was
-        read). The generation of each run taken."""
+        `take_live` (or it is `held_by` one of these), and never a parked run's wake-up timer (the
+        run may have parked since it was read). The generation of each run taken."""
+        takeable = sa.or_(run_locks.c.expires_at < now, run_locks.c.worker_id.in_(held_by)) if held_by \
+            else run_locks.c.expires_at < now
         stmt = self._insert(run_locks).values([
             {"run_id": run_id, "worker_id": worker_id, "expires_at": expires, "generation": 1,
              "redeliver_at": redeliver_at} for run_id in run_ids])
@@ -129,7 +143,7 @@ class RecoveryStore(Primitives):
             set_={"worker_id": worker_id, "expires_at": expires, "redeliver_at": redeliver_at,
                   "generation": run_locks.c.generation + 1},
             where=sa.and_(run_locks.c.worker_id != LockHolder.PARKED,
-                          sa.true() if take_live else run_locks.c.expires_at < now),
+                          sa.true() if take_live else takeable),
         ).returning(run_locks.c.run_id, run_locks.c.generation)
         return {run_id: generation for run_id, generation in conn.execute(stmt).all()}
 

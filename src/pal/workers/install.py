@@ -40,7 +40,13 @@ def install(app: Any, settings: Settings | None = None) -> Runtime:
             f"this Celery app's broker is {broker or 'not set'}, PAL_BROKER_URL is {settings.broker_url}: "
             "PAL's clients would ring doorbells no worker of this app hears; set PAL_BROKER_URL to the "
             "app's broker_url"))
-    prefix = (app.conf.broker_transport_options or {}).get("global_keyprefix", "") or ""
+    app_options = app.conf.broker_transport_options or {}
+    prefix = app_options.get("global_keyprefix", "") or ""
+    master = settings.broker.transport_options.get("master_name")
+    if master is not None and app_options.get("master_name") != master:
+        raise ConfigError(f"this Celery app's Sentinel master is {app_options.get('master_name')!r}, "
+                          f"PAL_BROKER_TRANSPORT_OPTIONS names {master!r}: PAL's clients would ring "
+                          "doorbells on another Redis")
     if prefix != settings.broker_key_prefix:
         raise ConfigError(f"this Celery app's broker key prefix is {prefix!r}, PAL_BROKER_KEY_PREFIX is "
                           f"{settings.broker_key_prefix!r}: PAL's clients would queue doorbells this app's "

@@ -9,6 +9,7 @@ from celery import Celery
 from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
 
 from pal.config import DEFAULT_VISIBILITY_TIMEOUT_SECONDS, Settings
+from pal.config.broker import scheme_of
 from pal.core.redact import install_log_redaction
 from pal.engine.async_steps import AsyncSteps
 from pal.engine.runtime import Runtime
@@ -19,6 +20,7 @@ from pal.workers.fs_transport import TRANSPORT as FILESYSTEM_TRANSPORT
 from pal.workers.node_messages import NodePublisher
 from pal.workers.publishing import publisher_of
 from pal.workers.redis_transport import TRANSPORT as REDIS_TRANSPORT
+from pal.workers.shutdown import install_shutdown_grace
 from pal.workers.task_names import EXECUTE_NODE, SPAWN_VM
 from pal.workers.tasks import register_tasks
 
@@ -46,7 +48,20 @@ def broker_transport_options(settings: Settings) -> dict[str, Any]:
         )
     if settings.broker_key_prefix:
         options["global_keyprefix"] = settings.broker_key_prefix
+    options.update(settings.broker.transport_options)  # PAL_BROKER_TRANSPORT_OPTIONS, checked on load
     return options
+
+
+def broker_paths_off(broker_url: str) -> dict[str, str]:
+    """The fast paths a broker's kind turns off, and why (the worker's banner says so). They speak
+    to one Redis server over one connection kept for the process's life; behind Sentinel that
+    server changes at a failover, which only kombu's own Sentinel transport follows."""
+    scheme = scheme_of(broker_url)
+    if scheme in ("redis", "rediss"):
+        return {}
+    why = "a Sentinel broker: kombu's Sentinel transport follows the master" if scheme == "sentinel" \
+        else f"a {scheme}:// broker"
+    return {"publisher": why, "redis_transport": why}
 
 
 # Delivery semantics (docs/architecture.md, "Workers"). bench/celery_floor.py uses the same dict,
@@ -83,6 +98,9 @@ def create_app(settings: Settings) -> PalCelery:
         beat_schedule=schedule_of(settings),
         beat_schedule_filename=str(settings.home / "celerybeat-schedule"),
     )
+    use_ssl = settings.broker.use_ssl()  # PAL_BROKER_TLS_*; else what the rediss:// URL says
+    if use_ssl is not None:
+        app.conf.update(broker_use_ssl=use_ssl)
     # Each fast path only where the installed Celery and kombu offer what it needs; else Celery's
     # and kombu's own, public, paths (pal.workers.celery_private).
     paths = celery_private.fast_paths()
@@ -93,7 +111,7 @@ def create_app(settings: Settings) -> PalCelery:
         app.conf.update(worker_enable_remote_control=False, worker_send_task_events=False,
                         task_send_sent_event=False,
                         broker_transport=FILESYSTEM_TRANSPORT if paths.on("atomic_files") else "filesystem")
-    if settings.broker_url.startswith("redis://") and paths.on("redis_transport"):
+    if paths.on("redis_transport") and "redis_transport" not in broker_paths_off(settings.broker_url):
         app.conf.update(broker_transport=REDIS_TRANSPORT)
     attach(app, settings)
     return app
@@ -103,7 +121,8 @@ def attach(app: Any, settings: Settings) -> Runtime:
     """PAL's runtime, tasks and worker hooks on `app`: PAL's own app, or a team's (pal.install).
     Nothing here changes the app's own settings."""
     node_publisher: NodePublisher | None = None
-    if str(app.conf.broker_url or "").startswith("redis://") and celery_private.fast_paths().on("publisher"):
+    if celery_private.fast_paths().on("publisher") and "publisher" not in broker_paths_off(
+            str(app.conf.broker_url or "filesystem://")):
         node_publisher = NodePublisher(app, EXECUTE_NODE, settings.queue)
     app.node_publisher = node_publisher
     publish, publish_batch, prepare_doorbell = publisher_of(app, settings.queue, node_publisher)
@@ -112,6 +131,7 @@ def attach(app: Any, settings: Settings) -> Runtime:
     def awaits_steps(sender: Any = None, **_: Any) -> None:  # a worker of this app, not a client
         if getattr(sender, "app", None) is app:
             runtime.async_steps = AsyncSteps(settings.async_steps, runtime.leases)
+            install_shutdown_grace(runtime, settings.shutdown_grace)
 
     worker_init.connect(awaits_steps, weak=False)
     runtime.publish_vm = lambda vm_id: app.send_task(SPAWN_VM, args=[vm_id], queue=settings.vm_queue)

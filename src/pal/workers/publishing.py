@@ -8,11 +8,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import kombu.exceptions
+import redis.exceptions
+
 from pal.core.records import ClaimAhead
 from pal.engine.runtime import PrepareDoorbell, Publish, PublishBatch
+from pal.errors import BrokerUnavailable
 from pal.workers import celery_private
 from pal.workers.node_messages import Built, NodePublisher, OwnMessage, Take
 from pal.workers.task_names import EXECUTE_NODE, SENT_AT_HEADER
+
+# What a broker that cannot be reached, or refuses the connection, raises: kombu's (send_task) and
+# redis-py's (the fast path's own connection).
+BROKER_ERRORS = (kombu.exceptions.OperationalError, redis.exceptions.ConnectionError,
+                 redis.exceptions.TimeoutError)
 
 
 def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None
@@ -27,10 +36,13 @@ def publisher_of(app: Any, queue: str, node_publisher: NodePublisher | None
 
     def publish(run_id: str, step_id: str, generation: int, *, countdown: float = 0.0,
                 prepared: object = None) -> None:
-        if node_publisher is not None and countdown <= 0:
-            node_publisher.publish(_message(app, prepared, run_id, step_id, generation))
-            return
-        send_task(run_id, step_id, generation, countdown)
+        try:
+            if node_publisher is not None and countdown <= 0:
+                node_publisher.publish(_message(app, prepared, run_id, step_id, generation))
+                return
+            send_task(run_id, step_id, generation, countdown)
+        except BROKER_ERRORS as exc:
+            raise BrokerUnavailable(f"the broker did not take the doorbell: {exc}") from exc
 
     @contextmanager
     def publish_batch() -> Iterator[Publish]:
