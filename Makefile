@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BASE_STAMP := $(VENV)/.installed-base
 
-.PHONY: demo test test-lowest test-compat test-qemu lint typecheck unit bench soak clean browser vm-guest
+.PHONY: demo test test-lowest test-compat test-qemu lint typecheck unit bench soak clean browser pgbouncer vm-guest
 
 # `make demo` installs PAL alone; `make test` adds the dev tools (pytest, ruff, mypy, playwright, ...);
 # both at the exact versions of constraints.txt, inside pyproject.toml's ranges.
@@ -33,7 +33,7 @@ demo: $(BASE_STAMP)
 
 # The whole suite in three lanes at once, then the tests that restart Postgres alone (tests/run_suite.py);
 # with PYTEST_ARGS, one plain pytest run of what they select.
-test: $(STAMP) $(CORE)/.installed lint typecheck browser vm-guest
+test: $(STAMP) $(CORE)/.installed lint typecheck browser pgbouncer vm-guest
 	$(if $(PYTEST_ARGS),$(BIN)/pytest $(PYTEST_ARGS),$(BIN)/python -m tests.run_suite)
 
 # The core and end-to-end lanes again on the lowest supported stack (constraints-lowest.txt:
@@ -46,7 +46,7 @@ $(LOWEST)/.installed: pyproject.toml constraints-lowest.txt
 	$(LOWEST)/bin/pip install --quiet -c constraints-lowest.txt -e '.[dev,all]'
 	touch $@
 
-test-lowest: $(LOWEST)/.installed $(CORE)/.installed browser
+test-lowest: $(LOWEST)/.installed $(CORE)/.installed browser pgbouncer
 	$(LOWEST)/bin/python -m tests.run_suite --lowest $(PYTEST_ARGS)
 
 test-compat: test test-lowest
@@ -58,6 +58,10 @@ test-qemu: $(STAMP) vm-guest
 # The dashboard test drives Debian's Chromium through Playwright (never a downloaded browser).
 browser:
 	@command -v chromium >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
+# Debian's PgBouncer, which tests/e2e/test_pgbouncer.py starts in front of the suite's Postgres.
+pgbouncer:
+	@command -v pgbouncer >/dev/null || test -x /usr/sbin/pgbouncer || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends pgbouncer; }
 
 # The qemu-microvm driver's host tools and guest (docs/isolated-tier.md): Debian's qemu, and a
 # kernel and initrd built from Debian packages by pal.vms.guest_image, under .venv/vm-guest.

@@ -7,14 +7,16 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
 from pal.cli.demo import wait_until
 from pal.client import Client
 from tests.conftest import Backend, migrated_postgres_backend
-from tests.e2e.test_crash_recovery import assert_exactly_once
+from tests.e2e.test_crash_recovery import assert_exactly_once, steps_completed
 from tests.e2e.test_service_loss import napping_graph
+from tests.support import web
 from tests.support.processes import Processes
 from tests.support.redis_servers import (
     MASTER_NAME,
@@ -47,12 +49,9 @@ def test_a_sentinel_failover_mid_run_and_every_run_finishes(
     procs = Processes(backend, tmp_path)
     client = Client(backend.settings)
     try:
-        procs.worker("w1")
-        procs.start(["worker", "--pool", "solo", "--hostname", "w2@%h", "--loglevel", "INFO"], "w2.log")
-        procs.beat()
+        procs.two_solo_workers_and_beat()
         run_ids = [client.start_run(napping_graph(0.3, 6), {"i": i}) for i in range(5)]
-        assert wait_until(lambda: sum(e.kind == "step_completed" for r in run_ids
-                                      for e in client.events(r)) >= 8, timeout=60)
+        assert wait_until(lambda: steps_completed(client, run_ids) >= 8, timeout=60)
         master.process.kill()  # the master is gone mid-run; the sentinel promotes the replica
         assert wait_until(lambda: sentinel_master(sentinel.port) == replica.port, timeout=30)
         runs = [client.wait(r, timeout=180) for r in run_ids]
@@ -109,3 +108,37 @@ def test_a_tls_broker_whose_certificate_is_not_trusted_gets_no_run(
     assert "certificate verify failed" in said and "traceback" not in said
     trusted = redis.Redis(host="127.0.0.1", port=server.port, ssl=True, ssl_ca_certs=str(tmp_path / "certs" / "ca.crt"))
     assert trusted.dbsize() == 0
+
+
+def test_the_cli_and_flower_work_behind_sentinel(
+        redis_servers: RedisServers, pg_url: str, tmp_path: Path) -> None:
+    """`pal run` starts and follows a run, and `pal flower` sees its tasks, on a Sentinel broker."""
+    _, _, sentinel = redis_servers.sentinel_set()
+    options = {"master_name": MASTER_NAME, "sentinel_kwargs": {"password": SENTINEL_PASSWORD}}
+    backend = backend_on(tmp_path, pg_url, f"sentinel://127.0.0.1:{sentinel.port}",
+                         PAL_BROKER_TRANSPORT_OPTIONS=json.dumps(options))
+    procs = Processes(backend, tmp_path)
+    port = free_port()
+    try:
+        procs.worker("w1")
+        procs.start(["flower", "--port", str(port)], "flower.log", PAL_FLOWER_BASIC_AUTH="admin:s3cret")
+
+        def flower_tasks() -> dict[str, dict[str, object]]:
+            try:
+                reply = web.get(f"http://127.0.0.1:{port}/api/tasks", auth=("admin", "s3cret"), timeout=10)
+            except httpx.TransportError:
+                return {}
+            return reply.json() if reply.status_code == 200 else {}
+
+        graph = tmp_path / "graph.json"
+        graph.write_text(json.dumps(napping_graph(0.01, 2)))
+
+        def run_seen_by_flower() -> bool:  # task events reach Flower once its receiver subscribed
+            done = procs.cli("run", str(graph), "--timeout", "60")
+            assert done.returncode == 0, done.stderr
+            return wait_until(lambda: any(t.get("name") == "pal.execute_node"
+                                          for t in flower_tasks().values()), 2)
+
+        assert wait_until(run_seen_by_flower, timeout=90), (tmp_path / "flower.log").read_text()[-2000:]
+    finally:
+        procs.stop_all()

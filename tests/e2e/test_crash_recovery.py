@@ -20,6 +20,10 @@ from tests.support.processes import Processes
 from tests.support.tools import calls
 
 
+def steps_completed(client: Client, run_ids: list[str]) -> int:
+    return sum(e.kind == "step_completed" for r in run_ids for e in client.events(r))
+
+
 def assert_exactly_once(client: Client, run_id: str) -> None:
     events = client.events(run_id)
     completed = Counter(e.step_id for e in events if e.kind == "step_completed")

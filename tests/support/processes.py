@@ -40,6 +40,12 @@ class Processes:
         pool = ["--pool", "prefork", "--concurrency", str(concurrency)] if concurrency else ["--pool", "solo"]
         return self.start(["worker", *pool, "--loglevel", "INFO"], f"{name}.log", **extra)
 
+    def two_solo_workers_and_beat(self) -> None:
+        """Two solo workers, each its own node name (w1.log, w2.log), and a beat."""
+        self.worker("w1")
+        self.start(["worker", "--pool", "solo", "--hostname", "w2@%h", "--loglevel", "INFO"], "w2.log")
+        self.beat()
+
     def beat(self) -> subprocess.Popen[bytes]:
         return self.start(["beat", "--loglevel", "INFO"], "beat.log")
 
