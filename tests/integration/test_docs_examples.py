@@ -13,6 +13,7 @@ import pytest
 from pal.cli.demo import wait_until
 from pal.client import Client
 from pal.core.confidence import GateMode
+from pal.engine.recovery import sweep
 from tests.conftest import REPO, Backend
 from tests.support.servers import SmtpReceiver, WebhookReceiver
 from tests.support.workers import in_process_worker
@@ -57,6 +58,8 @@ def test_doc_example_runs(docs_client: tuple[Client, WebhookReceiver, SmtpReceiv
     if "approve" in attrs:
         assert wait_until(lambda: bool(client.pending_approvals(run_id)), 60)
         client.approve(run_id, attrs["approve"], comment="from the docs test")
+    if "sweep" in attrs:  # no beat here: the test sweeps, as `pal beat` would, until the run ends
+        assert wait_until(lambda: bool(sweep(client.runtime)) and client.get_run(run_id).terminal, 60)
     run = client.wait(run_id, timeout=60)
     assert run.status == attrs.get("status", "succeeded"), run.error
     if "code" in attrs:

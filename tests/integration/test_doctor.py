@@ -60,6 +60,9 @@ PLANTS: dict[str, Callable[[sa.Connection, str], None]] = {
     "started_after_budget_stop": lambda c, r: [
         c.execute(event(r, "step_failed", "s1", 1, {"error": {"code": "budget_exceeded"}})),
         c.execute(event(r, "step_started", "s9", 1, {"attempt": 1}))],
+    "timer_fired_twice": lambda c, r: [c.execute(event(r, kind, "s0", 1, {"due_at": "2026-12-07T00:00:00+00:00"}))
+                                       for kind in ("timer_set", "timer_fired", "timer_fired")],
+    "timer_fired_unset": lambda c, r: c.execute(event(r, "timer_fired", "s1", 1, {})),
     "pruned_run_present": lambda c, r: c.execute(pruned_runs.insert().values(  # docs/retention.md
         run_id=r, tenant_id="t", status="succeeded", finished_at=utcnow(), pruned_at=utcnow())),
 }

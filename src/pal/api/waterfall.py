@@ -38,7 +38,8 @@ class StepRow:
     queue_s: float = 0.0
     run_s: float = 0.0  # the sum of its attempts' bars
     wait_s: float = 0.0  # the sum of its waits
-    waiting_for: str | None = None  # "approval" | "child" | "budget" | "confidence"
+    waiting_for: str | None = None  # "approval" | "child" | "budget" | "confidence" | "timer"
+    due_at: str | None = None  # a sleep's timer: when it fires
     child_run_id: str | None = None
     attempts: int = 1
     retries: list[dict[str, Any]] = field(default_factory=list)
@@ -202,8 +203,9 @@ def _apply(row: StepRow, event: Event, t: float) -> None:
         row.waits.append({"from": t, "to": None})
         row.status = "waiting"
         kind = event.payload.get("kind")
-        row.waiting_for = {"subagent": "child", "budget": "budget", "confidence": "confidence"}.get(
-            str(kind), "approval")
+        row.waiting_for = {"subagent": "child", "budget": "budget", "confidence": "confidence",
+                           "timer": "timer"}.get(str(kind), "approval")
+        row.due_at = event.payload.get("due_at")  # a sleep's timer
         row.child_run_id = event.payload.get("child_run_id")
         row.pending_approval = kind in DECIDED_WAITS
         row.approval_hash = event.payload.get("approval_hash")

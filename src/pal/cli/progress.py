@@ -19,6 +19,7 @@ _MARKS: dict[str, str] = {
     EventKind.STEP_FAILED: "✗", EventKind.RUN_SUCCEEDED: "■", EventKind.RUN_FAILED: "■",
     EventKind.RUN_CANCELLED: "■", EventKind.RUN_RECOVERED: "↻", EventKind.RUN_REDELIVERED: "↻",
     EventKind.STEP_RETRYING: "↺", EventKind.STEP_WAITING: "…", EventKind.STEP_IN_DOUBT: "?",
+    EventKind.TIMER_SET: "⏲", EventKind.TIMER_FIRED: "⏰",
 }
 
 

@@ -361,7 +361,7 @@ def _park(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: i
     try:
         parked = rt.journal.waits.park_step(rt.fence(run.id, generation), step_id, attempt,
                                             payload=park.payload, wake_at=park.wake_at,
-                                            frontier=program.redrive_steps)
+                                            frontier=program.redrive_steps, event=park.event)
     except LeaseLost:
         log.warning("run %s step %s: fenced out (generation %d)", run.id, step_id, generation)
         return StepResult("fenced")

@@ -1,4 +1,4 @@
-"""Durable waits: approval decisions, children waking their parents, expiries.
+"""Durable waits: approval decisions, children waking their parents, expiries, timers.
 
 A parked step (`step_waiting`) is resumed only here, each time in one journal transaction
 (`WaitStore.resume_waiting`, pal.storage.waits), after which the successors are published under
@@ -26,6 +26,7 @@ from pal.engine.gate import ConfidenceRejected
 from pal.engine.runtime import Runtime
 from pal.engine.watch import budget_failure
 from pal.errors import InputError, PalError, Refused, StepError
+from pal.nodes.sleep import WAIT_KIND as TIMER
 from pal.plan.interpreter import GraphProgram, Program
 from pal.storage.primitives import WAIT_RECHECK_SECONDS
 
@@ -141,7 +142,8 @@ def decide(rt: Runtime, run_id: str, step_id: str, decision: str, *, by: str,
 
     def check(waiting: Mapping[str, Any]) -> None:
         if waiting.get("kind") not in DECIDED_KINDS:
-            raise Refused(f"step {step_id!r} of run {run_id} waits for a child run, not an approval")
+            raise Refused(f"step {step_id!r} of run {run_id} waits for a {waiting.get('kind')}, "
+                          "not a decision")
         if waiting.get("kind") != kind:  # what was read above is not what waits now: decide again
             raise Refused(f"step {step_id!r} of run {run_id} changed while deciding; try again")
         if expected_hash is not None and waiting.get("approval_hash") != expected_hash:
@@ -173,8 +175,8 @@ def decide(rt: Runtime, run_id: str, step_id: str, decision: str, *, by: str,
 def wake(rt: Runtime, run_id: str, now: datetime | None = None) -> int:
     """Look at every parked step of a run: expired approvals take their timeout branch (or fail the
     run); a subagent whose child finished gets its result; a child paused on an approval fails the
-    step when the node says onChildApproval: fail. Re-arms the wake-up timer. Returns how many
-    steps were resumed."""
+    step when the node says onChildApproval: fail; a due timer fires (its sleep completes). Re-arms
+    the wake-up timer. Returns how many steps were resumed."""
     now = now or utcnow()
     run = rt.journal.runs.get_run(run_id)
     if run.terminal:
@@ -200,6 +202,14 @@ def wake(rt: Runtime, run_id: str, now: datetime | None = None) -> int:
                 resumed += 1
             elif payload.get("kind") == "subagent":
                 resumed += _wake_subagent(rt, run, program, step_id, payload["child_run_id"], now)
+            elif payload.get("kind") == TIMER:
+                due = datetime.fromisoformat(payload["due_at"])
+                if due > now:
+                    next_due = min(next_due, due)
+                    continue
+                fired = {"due_at": payload["due_at"], "fired_at": now.isoformat()}
+                _resume(rt, run, step_id, output=fired, event=(EventKind.TIMER_FIRED, fired), now=now)
+                resumed += 1
         except Refused:
             continue  # decided meanwhile by someone else: nothing to do
         if rt.journal.runs.get_run(run_id).terminal:

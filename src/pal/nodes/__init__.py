@@ -13,6 +13,7 @@ from pal.nodes.email import Email
 from pal.nodes.llm_turn import LlmTool, LlmTurn
 from pal.nodes.loop import Loop, LoopItems
 from pal.nodes.output import Output
+from pal.nodes.sleep import Sleep
 from pal.nodes.subagent import Subagent
 from pal.nodes.tool import Tool
 from pal.nodes.trigger import Trigger
@@ -20,7 +21,7 @@ from pal.nodes.trigger import Trigger
 KINDS: dict[str, NodeKind] = {
     kind.type_name: kind
     for kind in (Trigger(), Tool(), Condition(), Output(), AiStep(), Connector(), Email(), Approval(),
-                 Subagent(), Loop())
+                 Subagent(), Loop(), Sleep())
 }
 # Steps PAL plans itself (plain-LLM turns, a loop's list): executable, not for graph authors.
 INTERNAL_KINDS: dict[str, NodeKind] = {kind.type_name: kind for kind in (LlmTurn(), LlmTool(), LoopItems())}

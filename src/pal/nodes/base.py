@@ -38,12 +38,14 @@ class NodeResult:
 
 @dataclass(frozen=True)
 class Park:
-    """Returned by a node that waits (approval, subagent): journal `step_waiting {payload}` and
-    park the run, with no lease and no worker held, until a decision or a child's end wakes it.
-    `wake_at` asks the sweep to look again then (an approval's expiry)."""
+    """Returned by a node that waits (approval, subagent, sleep): journal `step_waiting {payload}`
+    and park the run, with no lease and no worker held, until a decision, a child's end or its time
+    wakes it. `wake_at` asks the sweep to look again then (an approval's expiry, a timer's due time);
+    `event` (kind, payload) is journaled with the wait (a sleep's `timer_set`)."""
 
     payload: Mapping[str, Any]
     wake_at: datetime | None = None
+    event: tuple[str, Mapping[str, Any]] | None = None
 
 
 

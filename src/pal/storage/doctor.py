@@ -43,7 +43,7 @@ class Doctor(StoreBase):
         checks = [self._twice, self._terminal_leases, self._status_vs_journal, self._unstarted,
                   self._started_again, self._orphan_receipts, self._totals, self._seq_order,
                   self._anomalies_twice, self._started_past_budget, self._reused_out_of_place,
-                  self._pruned_but_present]
+                  self._pruned_but_present, self._timers]
         if self._program_of is not None:
             checks.append(self._out_of_order)
         with self._tx() as conn:
@@ -177,6 +177,24 @@ class Doctor(StoreBase):
             if key in seen:
                 found.append(Violation("anomaly_twice", r.run_id, r.step_id, f"{key[1]} journaled again"))
             seen.add(key)
+        return found
+
+    def _timers(self, conn: sa.Connection) -> list[Violation]:
+        """A timer fires at most once, and only after it was set (a sleep node's)."""
+        je, found = journal_events, []
+        set_, fired = set[tuple[str, str, int]](), set[tuple[str, str, int]]()
+        for r in conn.execute(sa.select(je.c.run_id, je.c.step_id, je.c.attempt, je.c.kind)
+                              .where(je.c.kind.in_((EventKind.TIMER_SET, EventKind.TIMER_FIRED)))
+                              .order_by(je.c.run_id, je.c.seq)):
+            key = (r.run_id, r.step_id or "", r.attempt or 0)
+            if r.kind == EventKind.TIMER_SET:
+                set_.add(key)
+            elif key in fired:
+                found.append(Violation("timer_fired_twice", r.run_id, r.step_id, f"attempt {r.attempt}"))
+            elif key not in set_:
+                found.append(Violation("timer_fired_unset", r.run_id, r.step_id, f"attempt {r.attempt}"))
+            else:
+                fired.add(key)
         return found
 
     def _started_past_budget(self, conn: sa.Connection) -> list[Violation]:

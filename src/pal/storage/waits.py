@@ -19,12 +19,16 @@ from pal.storage.schema import journal_events, run_locks, runs
 
 class WaitStore(Primitives):
     def park_step(self, fence: Fence, step_id: str, attempt: int, *, payload: Mapping[str, Any],
-                  wake_at: datetime | None, frontier: Frontier) -> bool:
-        """Journal `step_waiting {payload}`; when no other step is in flight, park the run
-        (status `waiting`, no lease held). Raises LeaseLost when fenced out."""
+                  wake_at: datetime | None, frontier: Frontier,
+                  event: tuple[str, Mapping[str, Any]] | None = None) -> bool:
+        """Journal `step_waiting {payload}` (after `event`, when given); when no other step is in
+        flight, park the run (status `waiting`, no lease held). Raises LeaseLost when fenced out."""
         body = json_safe(dict(payload)) | ({"wake_at": wake_at.isoformat()} if wake_at else {})
         with self._tx() as conn:
             self._fence_or_lose(conn, fence)
+            if event is not None:
+                self._append(conn, fence.run_id, step_id, attempt, event[0], json_safe(dict(event[1])),
+                             fence.generation, fence.now)
             self._append(conn, fence.run_id, step_id, attempt, EventKind.STEP_WAITING, body, fence.generation,
                          fence.now)
             return self._park_if_idle(conn, fence.run_id, fence.generation, fence.now, frontier)
