@@ -13,6 +13,7 @@ import redis
 
 from pal.cli.demo import wait_until
 from pal.client import Client
+from pal.core.clock import utcnow
 from tests.conftest import Backend, migrated_postgres_backend
 from tests.e2e.test_crash_recovery import assert_exactly_once, steps_completed
 from tests.e2e.test_service_loss import napping_graph
@@ -110,9 +111,10 @@ def test_a_tls_broker_whose_certificate_is_not_trusted_gets_no_run(
     assert trusted.dbsize() == 0
 
 
-def test_the_cli_and_flower_work_behind_sentinel(
+def test_the_cli_the_api_and_flower_work_behind_sentinel(
         redis_servers: RedisServers, pg_url: str, tmp_path: Path) -> None:
-    """`pal run` starts and follows a run, and `pal flower` sees its tasks, on a Sentinel broker."""
+    """`pal run` starts and follows a run, `pal api` starts one, and `pal flower` sees their tasks,
+    on a Sentinel broker."""
     _, _, sentinel = redis_servers.sentinel_set()
     options = {"master_name": MASTER_NAME, "sentinel_kwargs": {"password": SENTINEL_PASSWORD}}
     backend = backend_on(tmp_path, pg_url, f"sentinel://127.0.0.1:{sentinel.port}",
@@ -140,5 +142,27 @@ def test_the_cli_and_flower_work_behind_sentinel(
                                           for t in flower_tasks().values()), 2)
 
         assert wait_until(run_seen_by_flower, timeout=90), (tmp_path / "flower.log").read_text()[-2000:]
+
+        client = Client(backend.settings)
+        _, token = client.runtime.journal.tokens.create_token(tenant_id="acme", name="test", now=utcnow())
+        client.close()
+        api_port = free_port()
+        procs.start(["api", "--port", str(api_port)], "api.log")
+        api = f"http://127.0.0.1:{api_port}"
+        assert wait_until(lambda: _answers(api + "/openapi.json"), timeout=60), (tmp_path / "api.log").read_text()
+        auth = {"Authorization": f"Bearer {token}"}
+        started = web.request("POST", api + "/v1/runs", headers=auth, timeout=30,
+                              json={"graph": napping_graph(0.01, 2), "input": {}})
+        assert started.status_code == 201, started.text
+        run_url = f"{api}/v1/runs/{started.json()['id']}"
+        assert wait_until(lambda: web.get(run_url, headers=auth, timeout=10).json()["status"] == "succeeded",
+                          timeout=60)
     finally:
         procs.stop_all()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return web.get(url, timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
