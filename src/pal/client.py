@@ -17,6 +17,7 @@ from pal.core.records import Event, Handoff, RunRecord
 from pal.core.run_filters import RunFilter
 from pal.engine.lineage import SAME_INPUT, fork_run, retry_run
 from pal.engine.runs import cancel, start_run
+from pal.engine.signals import send_signal
 from pal.engine.waiting import PendingApproval, decide, pending_approvals
 from pal.errors import PalError, StorageError
 from pal.storage.notify import JournalNotifier
@@ -128,6 +129,13 @@ class Client:
         """Undecided approvals of the run and of its child runs, parents first."""
         self.runtime.control.get_run(run_id)  # RunNotFound for an unknown id
         return pending_approvals(self.runtime, run_id)
+
+    def signal(self, run_id: str, name: str, payload: Any = None, *, by: str | None = None,
+               tenant_id: str | None = None) -> str:
+        """Send signal `name` to a run of `tenant_id` (default PAL_TENANT) for its `wait_event`
+        steps; the signal's id (pal.engine.signals)."""
+        return send_signal(self.runtime, run_id, name, payload, tenant_id=tenant_id or self.settings.tenant,
+                           by=by or _user())
 
     def cancel(self, run_id: str, *, reason: str | None = None, by: str | None = None) -> list[str]:
         """Cancel the run and its unfinished descendants; returns the ids cancelled."""

@@ -58,6 +58,10 @@ def test_doc_example_runs(docs_client: tuple[Client, WebhookReceiver, SmtpReceiv
     if "approve" in attrs:
         assert wait_until(lambda: bool(client.pending_approvals(run_id)), 60)
         client.approve(run_id, attrs["approve"], comment="from the docs test")
+    if "signal" in attrs:  # what a service would send the waiting run
+        sent = json.loads(attrs["signal"])
+        assert wait_until(lambda: client.get_run(run_id).status == "waiting", 60)
+        client.signal(run_id, sent["name"], sent.get("payload"))
     if "sweep" in attrs:  # no beat here: the test sweeps, as `pal beat` would, until the run ends
         assert wait_until(lambda: bool(sweep(client.runtime)) and client.get_run(run_id).terminal, 60)
     run = client.wait(run_id, timeout=60)

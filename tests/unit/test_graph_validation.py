@@ -62,7 +62,7 @@ INVALID: list[tuple[str, Any, dict[str, Any], tuple[str, ...]]] = [
     ("node-missing-type", doc([trigger(), {"id": "a", "data": {}}], []), {},
      ("node 'a': unknown node type None",)),
     ("node-unknown-type", doc([trigger(), {"id": "a", "type": "llm"}], []), {},
-     ("node 'a': unknown node type 'llm' (known: ai-step, approval, condition, connector, email, loop, output, subagent, tool, trigger)",)),
+     ("node 'a': unknown node type 'llm' (known: ai-step, approval, condition, connector, email, loop, output, sleep, subagent, tool, trigger, wait_event)",)),
     ("node-data-not-an-object", doc([trigger(), {"id": "a", "type": "tool", "data": [1]}], []), {},
      ("node 'a': 'data' must be an object, not list",)),
     ("node-unknown-data-field", doc([trigger(), tool("a", color="red")], [edge("t", "a")]), {},

@@ -39,6 +39,10 @@ class Decision(Body):
     approval_hash: str | None = Field(None, description="Refuse unless the pending approval has this hash")
 
 
+class Signal(Body):
+    payload: Any = Field(None, description="What the signal says: any JSON value, at most 64 KiB")
+
+
 class Cancel(Body):
     reason: str | None = None
 

@@ -185,6 +185,18 @@ def runs_cancel(run_id: str,
     typer.echo(f"run {run_id} cancelled" + (f", with {children} child run(s)" if children > 0 else ""))
 
 
+@runs_app.command("signal")
+def runs_signal(run_id: str, name: str,
+                payload: Annotated[str | None, typer.Option(help="What the signal says, JSON.")] = None,
+                by: Annotated[str | None, _BY] = None) -> None:
+    """Send signal NAME to a run of PAL_TENANT: a `wait_event` step waiting for it takes it now,
+    else the next one does."""
+    value = common.read_json(payload, "--payload")
+    client = common.client()
+    signal_id = common.checked(lambda: client.signal(run_id, name, value, by=by))
+    typer.echo(f"signal {name} {signal_id} sent to run {run_id}")
+
+
 @runs_app.command("anomalies")
 def runs_anomalies(
     run_id: Annotated[str | None, typer.Argument(help="One run; all of the tenant's when left out.")] = None,

@@ -39,6 +39,7 @@ class EventKind(StrEnum):
     STEP_WAITING = "step_waiting"  # parked at an approval, a subagent or a timer
     TIMER_SET = "timer_set"  # a sleep node's timer, journaled with its step_waiting
     TIMER_FIRED = "timer_fired"  # that timer woke its step, at most once (pal doctor checks)
+    SIGNAL_RECEIVED = "signal_received"  # a wait_event step took a signal sent to its run
     STEP_IN_DOUBT = "step_in_doubt"  # a claimed delivery was never confirmed
     APPROVAL_DECIDED = "approval_decided"
     ANOMALY_DETECTED = "anomaly_detected"  # informational, at most once per (run, kind, step)

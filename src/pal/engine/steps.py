@@ -40,6 +40,7 @@ from pal.errors import (
 )
 from pal.nodes import NodeResult, StepContext, idempotency_key
 from pal.nodes.base import Park
+from pal.nodes.wait_event import WAIT_KIND as EVENT
 from pal.plan.interpreter import Program
 from pal.plan.model import Node
 from pal.storage.steps import ClaimNext
@@ -368,8 +369,9 @@ def _park(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generation: i
     except PalError:
         log.exception("run %s step %s: could not park; the sweep re-drives it", run.id, step_id)
         return StepResult("park_failed")
-    if park.payload.get("child_run_id"):
-        # The child may already have finished before the park committed: look once now.
+    if park.payload.get("child_run_id") or park.payload.get("kind") == EVENT:
+        # The child may already have finished, or the signal come, before the park committed: look
+        # once now.
         _wake_parent(rt, run.id)
     if parked:
         _wake_parent(rt, run.parent_run_id)  # it may act on a paused child (onChildApproval: fail)

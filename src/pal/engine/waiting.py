@@ -27,6 +27,7 @@ from pal.engine.runtime import Runtime
 from pal.engine.watch import budget_failure
 from pal.errors import InputError, PalError, Refused, StepError
 from pal.nodes.sleep import WAIT_KIND as TIMER
+from pal.nodes.wait_event import WAIT_KIND as EVENT
 from pal.plan.interpreter import GraphProgram, Program
 from pal.storage.primitives import WAIT_RECHECK_SECONDS
 
@@ -60,6 +61,12 @@ class ApprovalNotGranted(StepError):
         self.code = code
 
 
+class EventTimedOut(StepError):
+    """A wait_event expired with no signal and the graph has no `timeout` edge for it."""
+
+    code = "event_timeout"
+
+
 class ChildRunPaused(StepError):
     """The child run stopped on an approval and the subagent node says onChildApproval: fail
     (ErrChildRunPaused in docs/specification.md)."""
@@ -87,12 +94,13 @@ class PendingApproval:
 
 def _resume(rt: Runtime, run: RunRecord, step_id: str, *, output: Any = None,
             error: Mapping[str, Any] | None = None, event: tuple[str, Mapping[str, Any]] | None = None,
-            check: Any = None, now: datetime | None = None, rerun: bool = False) -> Handoff:
+            check: Any = None, now: datetime | None = None, rerun: bool = False,
+            signal: tuple[str, Mapping[str, Any]] | None = None) -> Handoff:
     program = rt.program_of(run)
     decision, generation = rt.journal.waits.resume_waiting(
         run_id=run.id, step_id=step_id, now=now or utcnow(), lease_ttl=rt.settings.lease_ttl,
         plan=lambda completed: program.handoff(completed, step_id), output=output, error=error,
-        event=event, check=check, frontier=program.redrive_steps, rerun=rerun)
+        event=event, check=check, frontier=program.redrive_steps, rerun=rerun, signal=signal)
     # The decider's hand-off has the worker's fault points: a decider killed here leaves a lease
     # that lapses, and the sweep publishes the branch.
     rt.hand_off(run.id, step_id, decision.dispatch, generation)
@@ -202,6 +210,11 @@ def wake(rt: Runtime, run_id: str, now: datetime | None = None) -> int:
                 resumed += 1
             elif payload.get("kind") == "subagent":
                 resumed += _wake_subagent(rt, run, program, step_id, payload["child_run_id"], now)
+            elif payload.get("kind") == EVENT:
+                resumed += _wake_event(rt, run, program, step_id, payload, now)
+                expires = payload.get("expires_at")
+                if expires is not None and datetime.fromisoformat(expires) > now:
+                    next_due = min(next_due, datetime.fromisoformat(expires))
             elif payload.get("kind") == TIMER:
                 due = datetime.fromisoformat(payload["due_at"])
                 if due > now:
@@ -216,6 +229,27 @@ def wake(rt: Runtime, run_id: str, now: datetime | None = None) -> int:
             return resumed
     rt.journal.waits.rearm_wait(run_id=run_id, wake_at=next_due, now=now)
     return resumed
+
+
+def _wake_event(rt: Runtime, run: RunRecord, program: Program, step_id: str, payload: Mapping[str, Any],
+                now: datetime) -> int:
+    """A wait_event step takes a signal sent to its run, else takes its timeout branch once it
+    has expired (or fails the run `event_timeout`)."""
+    try:
+        _resume(rt, run, step_id, signal=(payload["name"], payload.get("match") or {}), now=now)
+        return 1
+    except Refused:
+        pass  # no such signal yet (or the step was woken meanwhile)
+    expires = payload.get("expires_at")
+    if expires is None or datetime.fromisoformat(expires) > now:
+        return 0
+    if _branch_wired(program, step_id, "timeout"):
+        output, error = {"branch": "timeout", "name": payload["name"]}, None
+    else:
+        timed_out = EventTimedOut(f"no signal {payload['name']!r} came for step {step_id!r} in time")
+        output, error = None, failure_payload(timed_out, name=payload["name"])
+    _resume(rt, run, step_id, output=output, error=error, now=now)
+    return 1
 
 
 def _wake_subagent(rt: Runtime, run: RunRecord, program: Program, step_id: str, child_id: str,

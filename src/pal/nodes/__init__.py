@@ -17,11 +17,12 @@ from pal.nodes.sleep import Sleep
 from pal.nodes.subagent import Subagent
 from pal.nodes.tool import Tool
 from pal.nodes.trigger import Trigger
+from pal.nodes.wait_event import WaitEvent
 
 KINDS: dict[str, NodeKind] = {
     kind.type_name: kind
     for kind in (Trigger(), Tool(), Condition(), Output(), AiStep(), Connector(), Email(), Approval(),
-                 Subagent(), Loop(), Sleep())
+                 Subagent(), Loop(), Sleep(), WaitEvent())
 }
 # Steps PAL plans itself (plain-LLM turns, a loop's list): executable, not for graph authors.
 INTERNAL_KINDS: dict[str, NodeKind] = {kind.type_name: kind for kind in (LlmTurn(), LlmTool(), LoopItems())}

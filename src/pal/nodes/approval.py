@@ -12,11 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import Any, ClassVar
 
-from pal.core.durations import parse_go_duration
-from pal.nodes.base import ANY, Field, NodeKind, Park, StepContext
+from pal.nodes.base import ANY, Field, NodeKind, Park, StepContext, expiry, expiry_problems
 
 BRANCHES = ("approved", "rejected", "timeout")
 
@@ -37,15 +35,7 @@ class Approval(NodeKind):
     branches: ClassVar[tuple[str, ...]] = BRANCHES
 
     def validate(self, data: Mapping[str, Any], known_tools: frozenset[str] | None) -> list[str]:
-        problems = super().validate(data, known_tools)
-        expires = data.get("expiresIn")
-        if isinstance(expires, str):
-            try:
-                if parse_go_duration(expires) <= 0:
-                    problems.append(f"expiresIn {expires!r} must be positive")
-            except ValueError:
-                problems.append(f"expiresIn {expires!r} is not a duration (examples: 30m, 2h, 90s)")
-        return problems
+        return [*super().validate(data, known_tools), *expiry_problems(data)]
 
     def execute(self, data: Mapping[str, Any], ctx: StepContext) -> Any:
         prompt = ctx.render(data["prompt"])
@@ -54,8 +44,7 @@ class Approval(NodeKind):
         payload: dict[str, Any] = {"kind": "approval", "prompt": prompt, "show": shown,
                                    "requested_at": now.isoformat(),
                                    "approval_hash": approval_hash(prompt, shown)}
-        wake_at = None
-        if data.get("expiresIn"):
-            wake_at = now + timedelta(seconds=parse_go_duration(str(data["expiresIn"])))
+        wake_at = expiry(data, now)
+        if wake_at is not None:
             payload["expires_at"] = wake_at.isoformat()
         return Park(payload, wake_at)

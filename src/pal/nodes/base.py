@@ -7,12 +7,13 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from pal.core import retry, templates
 from pal.core.confidence import confidence_problems
+from pal.core.durations import parse_go_duration
 from pal.core.records import Receipt, Usage
 from pal.core.views import AsNodeOutputs
 
@@ -198,6 +199,23 @@ class NodeKind(ABC):
         async client): a worker awaits it on its event loop, holding no thread while it waits.
         None: the effect is `execute`, run in the worker's thread."""
         return None
+
+
+def expiry_problems(data: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a waiting node's `expiresIn` (a positive duration), if it has one."""
+    expires = data.get("expiresIn")
+    if not isinstance(expires, str):
+        return []
+    try:
+        return [f"expiresIn {expires!r} must be positive"] if parse_go_duration(expires) <= 0 else []
+    except ValueError:
+        return [f"expiresIn {expires!r} is not a duration (examples: 30m, 2h, 90s)"]
+
+
+def expiry(data: Mapping[str, Any], now: datetime) -> datetime | None:
+    """When a waiting node's wait expires (`expiresIn` after `now`), if it does."""
+    expires = data.get("expiresIn")
+    return now + timedelta(seconds=parse_go_duration(str(expires))) if expires else None
 
 
 def run_to_end(effect: Coroutine[Any, Any, T]) -> T:

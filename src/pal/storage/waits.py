@@ -1,5 +1,5 @@
-"""Parked steps: park one (an approval, a subagent), resume one (a decision, a child's end, an
-expiry), and the wake-up timers the sweep follows."""
+"""Parked steps: park one (an approval, a subagent, a timer, a wait for a signal), resume one (a
+decision, a child's end, an expiry, a timer, a signal), and the wake-up timers the sweep follows."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pal.errors import Refused
 from pal.storage.base import json_safe, missing, run_record
 from pal.storage.primitives import Primitives
 from pal.storage.schema import journal_events, run_locks, runs
+from pal.storage.signals import take_signal
 
 
 class WaitStore(Primitives):
@@ -41,6 +42,7 @@ class WaitStore(Primitives):
         check: Callable[[Mapping[str, Any]], None] | None = None,
         frontier: Frontier | None = None,
         rerun: bool = False,
+        signal: tuple[str, Mapping[str, Any]] | None = None,
     ) -> tuple[Handoff, int]:
         """Complete (or fail) a parked step: a decision, a child's end, an expiry; or, with
         `rerun`, end its wait so that it runs (an approved budget pause: `event` is the decision
@@ -49,7 +51,10 @@ class WaitStore(Primitives):
         One transaction under the run's lock row: the step must be waiting and undecided (else
         Refused); `check(waiting_payload)` may refuse too; `event` (e.g. approval_decided) and
         `step_completed` are appended together; a parked run takes a fresh lease (generation + 1)
-        for the successors, which the caller publishes with the returned generation."""
+        for the successors, which the caller publishes with the returned generation. `signal`
+        (name, match): the step takes the oldest such signal sent to the run (Refused when there is
+        none), completes with `{"branch": "received", "signal": ...}` and journals
+        `signal_received` with it."""
         with self._tx() as conn:
             # Lock first (the lock row, then the run), then read: a cancellation or another
             # decision that committed meanwhile is seen, never overwritten.
@@ -69,6 +74,13 @@ class WaitStore(Primitives):
             if check is not None:
                 check(waiting[step_id]["payload"])
             attempt = waiting[step_id]["attempt"]
+            if signal is not None:
+                taken = take_signal(conn, run_id=run_id, name=signal[0], match=signal[1], step_id=step_id,
+                                    attempt=attempt, now=now)
+                if taken is None:
+                    raise Refused(f"no signal {signal[0]!r} for step {step_id!r} of run {run_id} yet")
+                output = {"branch": "received", "signal": taken}
+                event = (EventKind.SIGNAL_RECEIVED, {"signal_id": taken["id"], "name": taken["name"]})
             if lock["worker_id"] == LockHolder.PARKED:
                 generation = lock["generation"] + 1
                 expires = now + timedelta(seconds=lease_ttl)

@@ -15,9 +15,10 @@ from pal.core.clock import utcnow
 from pal.core.records import ClaimAhead
 from pal.engine.recovery import sweep
 from pal.engine.runs import start_run
+from pal.engine.signals import send_signal
 from pal.engine.steps import execute_step
 from pal.engine.vms import spawn_vm
-from pal.errors import GraphError, InputError, Refused, StepFailed
+from pal.errors import GraphError, InputError, Refused, RunNotFound, StepFailed
 from pal.workers.publishing import TakeBack
 from pal.workers.task_names import (
     CLAIM_AHEAD,
@@ -25,6 +26,7 @@ from pal.workers.task_names import (
     RECOMPUTE_BASELINES,
     RUNS_NEXT,
     SENT_AT_HEADER,
+    SIGNAL,
     SPAWN_VM,
     START_RUN,
     SWEEP_ORPHANS,
@@ -55,6 +57,7 @@ def register_tasks(app: Celery) -> None:
     task(name=SPAWN_VM, bind=True, shared=False, **PER_TASK)(spawn_vm_task)
     task(name=RECOMPUTE_BASELINES, bind=True, shared=False, **PER_TASK)(recompute_baselines)
     task(name=START_RUN, bind=True, shared=False, **PER_TASK)(start_run_task)
+    task(name=SIGNAL, bind=True, shared=False, **PER_TASK)(signal_task)
 
 
 def execute_node(task: Any, run_id: Any, step_id: Any, generation: Any, signature: Any = None) -> str:
@@ -115,3 +118,20 @@ def start_run_task(task: Any, graph: Any, input: Any = None, run_id: str | None 
         log.error("pal.start_run refused: %s", exc)
         return {"error": str(exc)}
     return {"run_id": record.id, "created": created}
+
+
+def signal_task(task: Any, run_id: Any, name: Any, payload: Any = None,
+                tenant_id: Any = None) -> dict[str, Any]:
+    """Send a signal to a run of `tenant_id` (default this worker's PAL_TENANT), as a service that
+    imports no PAL would; a refused one is logged and keeps nothing."""
+    rt = task.app.runtime
+    tenant = tenant_id if isinstance(tenant_id, str) else rt.settings.tenant
+    if not isinstance(run_id, str):
+        log.error("pal.signal refused: the run id is not a string")
+        return {"error": "the run id is not a string"}
+    try:
+        signal_id = send_signal(rt, run_id, name, payload, tenant_id=tenant, by="celery:pal.signal")
+    except (InputError, Refused, RunNotFound) as exc:
+        log.error("pal.signal refused: %s", exc)
+        return {"error": str(exc)}
+    return {"signal_id": signal_id}

@@ -310,3 +310,20 @@ pruned_runs = sa.Table(
     sa.Column("pruned_at", UtcDateTime(), nullable=False),
     sa.Column("receipt", sa.Text(), nullable=True),
 )
+
+# Signals sent to a run (docs/nodes.md, "wait_event"), kept until a waiting step takes one: a signal
+# sent before its wait waits for it. `taken_*` name the step attempt that took it, once.
+run_signals = sa.Table(
+    "run_signals",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("name", sa.String(64), nullable=False),
+    sa.Column("payload", _json(), nullable=True),
+    sa.Column("sent_by", sa.String(256), nullable=False),
+    sa.Column("sent_at", UtcDateTime(), nullable=False),
+    sa.Column("taken_step", sa.String(256), nullable=True),
+    sa.Column("taken_attempt", sa.Integer(), nullable=True),
+    sa.Column("taken_at", UtcDateTime(), nullable=True),
+)
+sa.Index("ix_run_signals_run_name", run_signals.c.run_id, run_signals.c.name, run_signals.c.sent_at)

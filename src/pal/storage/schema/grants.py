@@ -28,6 +28,7 @@ TABLE_PRIVILEGES = {
     "step_baselines": "SELECT, INSERT, DELETE",  # beat rewrites them; workers read them
     "runtime_vms": "SELECT, INSERT, UPDATE",  # the isolated tier's VMs (docs/isolated-tier.md)
     "pruned_runs": "SELECT",  # pruned ids stay taken; kept receipts (docs/retention.md)
+    "run_signals": "SELECT, INSERT, UPDATE",  # sent, then taken once by a waiting step
 }
 _ROLE = re.compile(r"^[a-z_][a-z0-9_]{0,62}\Z")
 
