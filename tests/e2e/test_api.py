@@ -143,7 +143,7 @@ def test_the_openapi_schema_lists_every_route(api: Api) -> None:
         "/v1/runs/{run_id}/steps/{step_id}/reject", "/v1/runs/{run_id}/approvals", "/v1/approvals",
         "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/waterfall", "/v1/runs/{run_id}/anomalies",
         "/v1/anomalies", "/v1/runtime/report", "/v1/runs/{run_id}/receipt", "/.well-known/pal-receipt-keys",
-        "/v1/runs/{run_id}/retry", "/v1/runs/{run_id}/fork",
+        "/v1/runs/{run_id}/retry", "/v1/runs/{run_id}/fork", "/v1/runs/{run_id}/signals/{name}",
         "/v1/runs/{run_id}/steps/{step_id}"}
 
 

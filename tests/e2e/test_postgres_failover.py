@@ -1,7 +1,7 @@
 """The journal's Postgres fails over mid-run: the primary dies as a crashed host's would, its
 synchronous standby is promoted, and PAL, on a libpq multi-host URL with
 `target_session_attrs=read-write`, finds the new primary. Every run finishes, every step completes
-once, nothing a worker saw committed is lost, and `pal doctor` finds the journal clean."""
+once, no completion a reader saw is lost, and `pal doctor` finds the journal clean."""
 
 from __future__ import annotations
 
@@ -46,7 +46,11 @@ def test_a_promoted_standby_takes_over_mid_run(postgres_pair: PostgresPair, redi
         runs = [client.wait(r, timeout=180) for r in run_ids]
         assert [r.status for r in runs] == ["succeeded"] * 4
         after = {(e.run_id, e.seq, e.kind, e.step_id) for r in run_ids for e in client.events(r)}
-        assert seen <= after  # synchronous replication: every event a reader saw committed survived
+        # Synchronous replication: every event a reader saw committed survived, but for claims
+        # (step_started), which commit without waiting for their WAL (docs/guarantees.md, "Durable
+        # commits"): one lost in the failover is claimed again, with the same attempt, or written
+        # back by its completion (assert_exactly_once's doctor finds no completion without a start).
+        assert {s for s in seen if s[2] != "step_started"} <= after
         for run_id in run_ids:
             assert_exactly_once(client, run_id)
     finally:

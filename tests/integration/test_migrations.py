@@ -140,7 +140,7 @@ def test_the_live_functions_are_the_files(pg_url: str) -> None:
             "SELECT p.proname, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
             "WHERE n.nspname = current_schema() AND p.proname LIKE 'pal\\_%'")).all())
     engine.dispose()
-    assert len(live) == len(statements) == 10
+    assert len(live) == len(statements) == 11
     for statement in statements:
         name = statement.split("FUNCTION ", 1)[1].split("(", 1)[0]
         body = statement.split("$function$", 2)[1]

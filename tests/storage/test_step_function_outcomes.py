@@ -8,7 +8,6 @@ events (as a negative seq) fails `test_every_step_function_answers_one_row_with_
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +19,7 @@ from pal.core.step_log import LOG_KINDS
 from pal.storage.base import Outcome
 from pal.storage.journal import Journal
 from pal.storage.sql import functions_text
-from tests.storage.kit import at, new_run, postgres_journal
+from tests.storage.kit import new_run, postgres_journal
 
 STEP_FUNCTIONS = ("pal_fenced_log", "pal_fenced_completion", "pal_claim", "pal_complete", "pal_read_step_log")
 LATER = "now() + interval '30 s'"
@@ -121,9 +120,31 @@ def test_the_log_kinds_are_written_once_in_sql_and_match_the_step_log(journal: J
     assert text.count("UPDATE run_locks") == fence.count("UPDATE run_locks"), "a fence outside pal_fence"
     assert text.count("INSERT INTO journal_events") == 1, "the once-only append is written more than once"
     new_run(journal)
-    call(journal, "fenced_completion")
-    with journal.engine.begin() as conn:  # a kind outside the list stays out of the log
-        conn.execute(sa.text("INSERT INTO journal_events (run_id, step_id, attempt, kind, payload, generation, "
-                             "created_at) VALUES ('r1', 'a', 1, 'step_started', CAST(:p AS jsonb), 1, :at)"),
-                     {"p": json.dumps({"attempt": 1}), "at": at(1)})
+    call(journal, "fenced_completion")  # writes back the claim it finds missing: a kind outside the list
     assert [e[2] for e in answer(call(journal, "read"))["events"]] == ["step_completed"]
+
+
+def starts(journal: Journal, step: str) -> list[dict[str, Any]]:
+    with journal.engine.connect() as conn:
+        return [dict(r) for r in conn.execute(sa.text(
+            "SELECT seq, payload FROM journal_events WHERE run_id = 'r1' AND step_id = :step "
+            "AND kind = 'step_started' ORDER BY seq"), {"step": step}).mappings()]
+
+
+@pytest.mark.parametrize("completion", ["complete", "fenced_completion"])
+def test_a_completion_writes_back_a_lost_claim_once_and_before_itself(journal: Journal, completion: str) -> None:
+    """A claim commits without waiting for its WAL: a Postgres crash or failover may lose it while
+    its worker goes on. The completion writes it back (marked `restored`) before `step_completed`;
+    a completion whose claim is there writes none."""
+    new_run(journal)
+    call(journal, completion)  # 'a' was never claimed in this journal: its claim was lost
+    [restored] = starts(journal, "a")
+    assert restored["payload"] == {"attempt": 1, "worker": "w1", "restored": True}
+    with journal.engine.connect() as conn:
+        completed = conn.execute(sa.text("SELECT seq FROM journal_events WHERE run_id = 'r1' AND step_id = 'a' "
+                                         "AND kind = 'step_completed'")).scalar()
+    assert restored["seq"] < completed
+    assert answer(call(journal, "claim", step="b"))["outcome"] == "started"
+    call(journal, completion, step="b", after=completed)
+    assert [s["payload"] for s in starts(journal, "b")] == [{"attempt": 1}]  # its own claim, no other
+    assert journal.doctor.violations() == []

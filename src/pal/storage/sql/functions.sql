@@ -106,6 +106,7 @@ AS $function$
                 outcome := 'fenced_out';
                 RETURN;
             END IF;
+            PERFORM pal_restore_start(p_run, p_step, p_attempt, p_worker, p_generation, p_at);
             IF pal_append_once(p_run, p_step, p_attempt, 'step_completed', p_payload, p_generation, p_at) IS NULL THEN
                 outcome := 'already_completed';
                 RETURN;
@@ -129,6 +130,23 @@ AS $function$
             ON CONFLICT DO NOTHING
             RETURNING journal_events.seq INTO v_seq;
             RETURN v_seq;
+        END $function$;
+-- end
+
+CREATE OR REPLACE FUNCTION pal_restore_start(p_run text, p_step text, p_attempt integer, p_worker text, p_generation integer, p_at timestamp with time zone)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+        BEGIN
+            -- A claim commits without waiting for its WAL, so a Postgres crash or failover may lose
+            -- it while its worker goes on; the completion, which waits, writes it back first.
+            IF NOT EXISTS (SELECT 1 FROM journal_events e
+                            WHERE e.run_id = p_run AND e.step_id = p_step AND e.attempt = p_attempt
+                              AND e.kind = 'step_started') THEN
+                PERFORM pal_append_once(p_run, p_step, p_attempt, 'step_started',
+                                        jsonb_build_object('attempt', p_attempt, 'worker', p_worker, 'restored', true),
+                                        p_generation, p_at);
+            END IF;
         END $function$;
 -- end
 
@@ -189,6 +207,7 @@ AS $function$
                 outcome := 'log_moved';
                 RETURN;
             END IF;
+            PERFORM pal_restore_start(p_run, p_step, p_attempt, p_worker, p_generation, p_at);
             seq := pal_append_once(p_run, p_step, p_attempt, 'step_completed', p_payload, p_generation, p_at);
             IF seq IS NULL THEN
                 outcome := 'already_completed';
