@@ -41,18 +41,19 @@ def check_run_id(run_id: Any) -> None:
         raise InputError(f"run ids starting with {CHILD_PREFIX!r} are reserved for subagents' child runs")
 
 
-def check_run_input(run_input: Any, max_bytes: int, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Any:
-    """The input as it will be stored; InputError when it is not JSON, too large or too deep."""
-    problem = depth_problem(run_input, max_depth, "run input")
+def check_run_input(run_input: Any, max_bytes: int, max_depth: int = DEFAULT_MAX_JSON_DEPTH, *,
+                    what: str = "run input", limit: str = "PAL_MAX_INPUT_BYTES") -> Any:
+    """The input (or another JSON value a caller hands PAL: `what`, bounded by `limit`) as it will
+    be stored; InputError when it is not JSON, too large or too deep."""
+    problem = depth_problem(run_input, max_depth, what)
     if problem:
         raise InputError(problem)
     try:
         text = json.dumps(run_input, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise InputError(f"run input must be JSON: {exc}") from exc
+        raise InputError(f"{what} must be JSON: {exc}") from exc
     if len(text.encode()) > max_bytes:
-        raise InputError(f"run input is {len(text.encode())} bytes, over the limit of "
-                         f"{max_bytes} (PAL_MAX_INPUT_BYTES)")
+        raise InputError(f"{what} is {len(text.encode())} bytes, over the limit of {max_bytes} ({limit})")
     return json.loads(text)
 
 

@@ -89,6 +89,11 @@ class WatchPlan:
     limits: AnomalyLimits
 
 
+def worker_id_of(pid: int) -> str:
+    """The worker id a process of this host holds leases as (`Runtime.worker_id`)."""
+    return f"{socket.gethostname()}:{pid}"
+
+
 class Runtime:
     def __init__(self, settings: Settings, publish: Publish,
                  publish_batch: PublishBatch | None = None,
@@ -208,7 +213,7 @@ class Runtime:
     @property
     def worker_id(self) -> str:
         # Computed per call: a forked pool process must not report its parent's pid.
-        return f"{socket.gethostname()}:{os.getpid()}"
+        return worker_id_of(os.getpid())
 
     def program_of(self, run: RunRecord) -> Program:
         """The run's plan (its graph, or its plain-LLM spec), parsed once per process."""

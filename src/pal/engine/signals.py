@@ -5,12 +5,11 @@ woken at once, else the next such wait takes it. Every way in (REST, CLI, pal.Cl
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from pal.core.clock import utcnow
-from pal.core.limits import depth_problem
+from pal.engine.runs import check_run_input
 from pal.engine.runtime import Runtime
 from pal.engine.waiting import wake_quietly
 from pal.errors import InputError
@@ -31,16 +30,8 @@ def send_signal(rt: Runtime, run_id: str, name: str, payload: Any = None, *, ten
         raise InputError(f"a signal's name must be {NAME_RULE}; nothing was sent")
     if not isinstance(by, str) or not _SENDER.match(by):
         raise InputError("who sends a signal is 1 to 256 printable characters; nothing was sent")
-    problem = depth_problem(payload, rt.settings.max_json_depth, "signal payload")
-    if problem:
-        raise InputError(problem + "; nothing was sent")
-    try:
-        size = len(json.dumps(payload, allow_nan=False).encode())
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"a signal's payload must be JSON ({exc}); nothing was sent") from exc
-    if size > MAX_SIGNAL_BYTES:
-        raise InputError(f"a signal's payload is {size} bytes, over the limit of {MAX_SIGNAL_BYTES}; "
-                         "nothing was sent")
+    payload = check_run_input(payload, MAX_SIGNAL_BYTES, rt.settings.max_json_depth,
+                              what="a signal's payload", limit="64 KiB per signal")
     signal_id = rt.journal.signals.send(run_id=run_id, tenant_id=tenant_id, name=name, payload=payload,
                                         sent_by=by, now=utcnow(), max_pending=MAX_PENDING_SIGNALS)
     wake_quietly(rt, run_id)  # a step waiting for it takes it now; else the sweep's next look

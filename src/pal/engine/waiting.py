@@ -211,10 +211,10 @@ def wake(rt: Runtime, run_id: str, now: datetime | None = None) -> int:
             elif payload.get("kind") == "subagent":
                 resumed += _wake_subagent(rt, run, program, step_id, payload["child_run_id"], now)
             elif payload.get("kind") == EVENT:
-                resumed += _wake_event(rt, run, program, step_id, payload, now)
-                expires = payload.get("expires_at")
-                if expires is not None and datetime.fromisoformat(expires) > now:
-                    next_due = min(next_due, datetime.fromisoformat(expires))
+                woken = _wake_event(rt, run, program, step_id, payload, now)
+                resumed += woken
+                if not woken and payload.get("expires_at"):  # not yet expired: look again then
+                    next_due = min(next_due, datetime.fromisoformat(payload["expires_at"]))
             elif payload.get("kind") == TIMER:
                 due = datetime.fromisoformat(payload["due_at"])
                 if due > now:

@@ -15,7 +15,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import threading
 from typing import Any
 
@@ -23,7 +22,7 @@ import billiard  # type: ignore[import-untyped]
 from celery.signals import worker_shutting_down
 
 from pal.engine.recovery import hand_back
-from pal.engine.runtime import Runtime
+from pal.engine.runtime import Runtime, worker_id_of
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +34,7 @@ class ShutdownGrace:
         self.runtime, self.grace = runtime, grace
         self._timer: threading.Timer | None = None
 
-    def arm(self, sender: Any = None, how: str = "Warm", **_: Any) -> None:
+    def arm(self, **_: Any) -> None:
         if self._timer is not None:
             return
         log.warning("pal worker: stopping; steps in flight have %gs to finish (PAL_SHUTDOWN_GRACE), then "
@@ -44,15 +43,11 @@ class ShutdownGrace:
         self._timer.daemon = True  # a worker whose steps all finished exits without waiting for it
         self._timer.start()
 
-    def holders(self) -> list[str]:
-        """The worker ids this worker's steps hold leases as: its own process and its pool's."""
-        host = socket.gethostname()
-        children = [child.pid for child in billiard.active_children() if child.pid]
-        return [self.runtime.worker_id, *(f"{host}:{pid}" for pid in children)]
-
     def expire(self) -> None:
         """The grace is over: hand back what is still held, stop the pool's processes, exit."""
-        holders = self.holders()
+        children = [child.pid for child in billiard.active_children() if child.pid]
+        # The worker ids this worker's steps hold leases as: its own process and its pool's.
+        holders = [worker_id_of(os.getpid()), *(worker_id_of(pid) for pid in children)]
         try:
             recovered = hand_back(self.runtime, holders)
         except Exception:  # the journal or the broker is gone: the sweep recovers them later
@@ -62,8 +57,7 @@ class ShutdownGrace:
             log.warning("pal worker: run %s handed back: step(s) %s rung again (generation %d)", run_id,
                         ", ".join(recovery.resumed_steps) or "none", recovery.generation)
         log.warning("pal worker: grace over; %d run(s) handed back; exiting", len(recovered))
-        for holder in holders[1:]:
-            pid = int(holder.rsplit(":", 1)[1])
+        for pid in children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         logging.shutdown()
