@@ -130,3 +130,29 @@ def test_rest_cli_and_the_celery_task_send_signals(api: Api, processes: Processe
     client.app.send_task("pal.signal", args=[by_task, "paid", {"order": "o-1", "amount": 9}],
                          kwargs={"tenant_id": "acme"}, queue=client.settings.queue)
     assert client.wait(by_task, timeout=60).output == 9
+
+
+def test_a_forged_or_malformed_signal_task_keeps_nothing(api: Api, processes: Processes) -> None:
+    """Anyone who reaches the broker can send `pal.signal`: another tenant's run is not found, and
+    a run id or tenant that is not a string, a bad name or an oversized payload is refused; the
+    waiting run goes on waiting and no signal is kept. The genuine one after them wakes it."""
+    client = api.client
+    run_id = client.start_run(waiting_graph(), {"order": "o-1"}, tenant_id="acme")
+    assert wait_until(lambda: client.get_run(run_id).status == "waiting", timeout=60)
+    queue = client.settings.queue
+    forged: list[tuple[list[Any], dict[str, Any]]] = [
+        ([run_id, "paid", {"order": "o-1", "amount": 1}], {"tenant_id": "globex"}),
+        ([run_id, "paid", {"order": "o-1", "amount": 2}], {"tenant_id": ["acme"]}),
+        ([[run_id], "paid", {"order": "o-1", "amount": 3}], {"tenant_id": "acme"}),
+        ([run_id, "bad name", {"order": "o-1", "amount": 4}], {"tenant_id": "acme"}),
+        ([run_id, "paid", {"order": "o-1", "blob": "x" * 70_000}], {"tenant_id": "acme"}),
+    ]
+    for args, kwargs in forged:
+        client.app.send_task("pal.signal", args=args, kwargs=kwargs, queue=queue)
+    log = processes.folder / "w.log"
+    assert wait_until(lambda: log.read_text().count("pal.signal refused") >= len(forged), timeout=60)
+    assert client.get_run(run_id).status == "waiting"
+    assert client.runtime.journal.signals.pending(run_id) == []
+    client.app.send_task("pal.signal", args=[run_id, "paid", {"order": "o-1", "amount": 5}],
+                         kwargs={"tenant_id": "acme"}, queue=queue)
+    assert client.wait(run_id, timeout=60).output == 5

@@ -125,10 +125,10 @@ def signal_task(task: Any, run_id: Any, name: Any, payload: Any = None,
     """Send a signal to a run of `tenant_id` (default this worker's PAL_TENANT), as a service that
     imports no PAL would; a refused one is logged and keeps nothing."""
     rt = task.app.runtime
-    tenant = tenant_id if isinstance(tenant_id, str) else rt.settings.tenant
-    if not isinstance(run_id, str):
-        log.error("pal.signal refused: the run id is not a string")
-        return {"error": "the run id is not a string"}
+    if not isinstance(run_id, str) or not isinstance(tenant_id, str | None):
+        log.error("pal.signal refused: the run id (and a tenant id, if given) must be strings")
+        return {"error": "the run id (and a tenant id, if given) must be strings"}
+    tenant = tenant_id if tenant_id is not None else rt.settings.tenant
     try:
         signal_id = send_signal(rt, run_id, name, payload, tenant_id=tenant, by="celery:pal.signal")
     except (InputError, Refused, RunNotFound) as exc:
