@@ -156,3 +156,27 @@ def test_a_forged_or_malformed_signal_task_keeps_nothing(api: Api, processes: Pr
     client.app.send_task("pal.signal", args=[run_id, "paid", {"order": "o-1", "amount": 5}],
                          kwargs={"tenant_id": "acme"}, queue=queue)
     assert client.wait(run_id, timeout=60).output == 5
+
+
+def test_a_cancel_on_signal_cancels_the_run_and_its_children_and_others_do_not(client: Client) -> None:
+    child = waiting_graph()
+    parent = {"nodes": [{"id": "t", "type": "trigger"},
+                        {"id": "sub", "type": "subagent", "data": {"graph": child, "input": {"order": "o-1"}}}],
+              "edges": [{"source": "t", "target": "sub"}], "cancelOn": ["order.cancelled", "abort"]}
+    run_id = client.start_run(parent, {})
+    assert wait_until(lambda: [c.status for c in client.runtime.journal.runs.children(run_id)] == ["waiting"],
+                      timeout=60)
+    (child_id,) = [c.id for c in client.runtime.journal.runs.children(run_id)]
+    client.signal(run_id, "order.changed", {})  # not named in cancelOn: kept, nothing cancelled
+    assert client.get_run(run_id).status == "waiting"
+    with pytest.raises(RunNotFound):
+        client.signal(run_id, "abort", {}, tenant_id="globex")  # another tenant cannot cancel it
+    assert client.get_run(run_id).status == "waiting"
+    client.signal(run_id, "order.cancelled", {"why": "customer"}, by="shop")
+    run = client.get_run(run_id)
+    assert run.status == "cancelled" and run.error["by"] == "signal:order.cancelled"
+    assert "shop" in run.error["reason"]
+    assert client.get_run(child_id).status == "cancelled"
+    assert Counter(e.kind for e in client.events(run_id))["run_cancelled"] == 1
+    with pytest.raises(Refused):  # a finished run takes no more signals, cancelOn or not
+        client.signal(run_id, "abort", {})

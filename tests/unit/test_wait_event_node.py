@@ -52,3 +52,27 @@ def test_a_name_template_that_renders_a_bad_name_fails_the_step(rendered: Any) -
         WaitEvent().execute({"name": "{{ input.name }}"}, StepContext("r1", "w", 1, {"name": rendered},
                                                                       started_at=NOW))
     assert info.value.code == "event_name_invalid"
+
+
+@pytest.mark.parametrize("cancel_on", [
+    "", [], ["ok", "has space"], [1], {"name": "x"}, ["x" * 65], [f"s{i}" for i in range(17)], "../x",
+])
+def test_a_bad_cancel_on_is_refused_when_the_graph_is_parsed(cancel_on: Any) -> None:
+    with pytest.raises(GraphError) as info:
+        parse_graph(graph_with({"name": "paid"}) | {"cancelOn": cancel_on})
+    assert "cancelOn must be a signal name or a list of 1 to 16" in str(info.value)
+
+
+def test_cancel_on_is_kept_in_the_snapshot_and_hashed_and_refused_in_a_loop_body() -> None:
+    plain = parse_graph(graph_with({"name": "paid"}))
+    one = parse_graph(graph_with({"name": "paid"}) | {"cancelOn": "abort"})
+    listed = parse_graph(graph_with({"name": "paid"}) | {"cancelOn": ["abort", "abort"]})
+    assert "cancelOn" not in plain.document() and one.document()["cancelOn"] == ["abort"]
+    assert one.hash == listed.hash != plain.hash
+    body = {"nodes": [{"id": "w", "type": "wait_event", "data": {"name": "x"}}], "edges": [], "cancelOn": "x"}
+    loop = {"nodes": [{"id": "t", "type": "trigger"},
+                      {"id": "l", "type": "loop", "data": {"items": "{{ input.xs }}", "body": body}}],
+            "edges": [{"source": "t", "target": "l"}]}
+    with pytest.raises(GraphError) as info:
+        parse_graph(loop)
+    assert "cancelOn belongs on the graph, not a loop body" in str(info.value)

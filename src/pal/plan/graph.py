@@ -24,6 +24,7 @@ from pal.core.confidence import LOW_CONFIDENCE
 from pal.core.run_filters import MAX_GRAPH_CHARS
 from pal.errors import GraphError
 from pal.nodes import KINDS
+from pal.nodes.wait_event import NAME_RULE, SIGNAL_NAME
 from pal.plan.documents import check_size, load_graph_text
 from pal.plan.model import Edge, Node
 from pal.plan.references import check_references, descendants, template_strings
@@ -35,7 +36,9 @@ NODE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}\Z")
 # `limits` (the run's budget) and `anomalies` (thresholds) are kept in the run's snapshot; the
 # others are the editor's and are dropped from it.
 WATCH_KEYS = ("limits", "anomalies")
-TOP_LEVEL_KEYS = frozenset({"nodes", "edges", "viewport", "name", "description", "metadata", *WATCH_KEYS})
+TOP_LEVEL_KEYS = frozenset({"nodes", "edges", "viewport", "name", "description", "metadata", "cancelOn",
+                            *WATCH_KEYS})
+MAX_CANCEL_ON = 16  # signal names in a graph's `cancelOn`
 EDGE_KEYS = frozenset(
     {"id", "source", "target", "sourceHandle", "targetHandle", "type", "label", "animated",
      "data", "style", "markerEnd", "selected"}
@@ -52,6 +55,7 @@ class Graph:
     order: tuple[str, ...]  # topological: every node after all its predecessors
     watch: Mapping[str, Any] = field(default_factory=dict)  # its `limits` and `anomalies` blocks
     name: str | None = None  # kept in the snapshot: the runs list shows and filters by it (docs/api.md)
+    cancel_on: tuple[str, ...] = ()  # signals that cancel the run (docs/nodes.md, "cancelOn")
 
     @cached_property
     def incoming(self) -> Mapping[str, tuple[Edge, ...]]:
@@ -79,7 +83,8 @@ class Graph:
                 for e in self.edges
             ],
         } | {key: self.watch[key] for key in WATCH_KEYS if key in self.watch} | (
-            {"name": self.name} if self.name else {})
+            {"name": self.name} if self.name else {}) | (
+            {"cancelOn": list(self.cancel_on)} if self.cancel_on else {})
 
     @cached_property
     def bodies(self) -> Mapping[str, Graph]:
@@ -118,9 +123,11 @@ def parse_graph(
         _check_loop_bodies(nodes, edges, known_tools, problems, embedded)
     watch = _watch_blocks(document, problems)
     name = _name(document, problems)
+    cancel_on = _cancel_on(document, problems)
     if problems or trigger_id is None or order is None:
         raise GraphError(problems)
-    return Graph(nodes=nodes, edges=tuple(edges), trigger_id=trigger_id, order=order, watch=watch, name=name)
+    return Graph(nodes=nodes, edges=tuple(edges), trigger_id=trigger_id, order=order, watch=watch, name=name,
+                 cancel_on=cancel_on)
 
 
 def _name(document: Any, problems: list[str]) -> str | None:
@@ -130,6 +137,20 @@ def _name(document: Any, problems: list[str]) -> str | None:
         problems.append(f"graph name must be a string of at most {MAX_GRAPH_CHARS} characters")
         return None
     return name or None
+
+
+def _cancel_on(document: Any, problems: list[str]) -> tuple[str, ...]:
+    """The graph's `cancelOn`: a signal name, or a list of them, any of which cancels the run."""
+    raw = document.get("cancelOn") if isinstance(document, Mapping) else None
+    if raw is None:
+        return ()
+    names = [raw] if isinstance(raw, str) else raw
+    if (not isinstance(names, list) or not names or len(names) > MAX_CANCEL_ON
+            or not all(isinstance(n, str) and SIGNAL_NAME.match(n) for n in names)):
+        problems.append(f"cancelOn must be a signal name or a list of 1 to {MAX_CANCEL_ON} of them, "
+                        f"each {NAME_RULE}")
+        return ()
+    return tuple(dict.fromkeys(names))
 
 
 def _watch_blocks(document: Any, problems: list[str]) -> dict[str, Any]:
@@ -152,7 +173,7 @@ def _parse_nodes(
     for key in document:
         if key not in TOP_LEVEL_KEYS:
             problems.append(f"unknown top-level key {key!r} (allowed: nodes, edges, viewport, "
-                            "name, description, metadata, limits, anomalies)")
+                            "name, description, metadata, cancelOn, limits, anomalies)")
     raw_nodes = document.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         problems.append("graph needs a non-empty 'nodes' list")
@@ -336,7 +357,8 @@ def parse_body(document: Any, *, known_tools: frozenset[str] | None,
     validated body)."""
     if isinstance(document, Mapping) and "nodes" not in document:
         document = {"nodes": [document], "edges": []}
-    problems: list[str] = []
+    problems: list[str] = [] if not isinstance(document, Mapping) or "cancelOn" not in document else [
+        "cancelOn belongs on the graph, not a loop body"]
     nodes = _parse_nodes(document, known_tools, problems, embedded)
     for node in nodes.values():
         if node.type in ("trigger", "loop"):
