@@ -60,12 +60,17 @@ class Client:
 
     def start_run(self, graph: Any, input: Any = None, *, run_id: str | None = None,
                   tenant_id: str | None = None, limits: dict[str, Any] | None = None,
-                  traceparent: str | None = None) -> str:
+                  traceparent: str | None = None, dedupe_key: str | None = None,
+                  dedupe_window: str | float | None = None, debounce_key: str | None = None,
+                  debounce: str | float | None = None) -> str:
         """Validate and enqueue; the same `run_id` twice returns the existing run. `limits` is the
         run's own budget over the graph's (docs/anomalies.md); `traceparent`, the W3C trace
-        context its first trace links to (docs/observability.md)."""
+        context its first trace links to (docs/observability.md). `dedupe_key` (within
+        `dedupe_window`, a day by default) gives the key's run again; `debounce_key` with
+        `debounce` runs only the last start of a burst (docs/api.md, "Dedupe and debounce")."""
         record, _ = start_run(self.runtime, graph, input, run_id=run_id, tenant_id=tenant_id, limits=limits,
-                              traceparent=traceparent)
+                              traceparent=traceparent, dedupe_key=dedupe_key, dedupe_window=dedupe_window,
+                              debounce_key=debounce_key, debounce=debounce)
         return record.id
 
     def retry_run(self, run_id: str, *, new_run_id: str | None = None, graph: Any = None) -> str:
@@ -199,7 +204,7 @@ class AsyncClient:
         return await loop.run_in_executor(self._threads, functools.partial(method, *args, **kwargs))
 
     async def start_run(self, graph: Any, input: Any = None, **options: Any) -> str:
-        """As `Client.start_run` (run_id, tenant_id, limits, traceparent)."""
+        """As `Client.start_run` (run_id, tenant_id, limits, traceparent, dedupe and debounce keys)."""
         return await self._call(self.sync.start_run, graph, input, **options)
 
     async def retry_run(self, run_id: str, *, new_run_id: str | None = None, graph: Any = None) -> str:

@@ -31,6 +31,14 @@ class StartRun(Body):
     run_id: str | None = Field(None, description="Your own id: the same id twice returns the existing run")
     limits: dict[str, Any] | None = Field(None, description="The run's own budget over the graph's "
                                           "(maxCostUsd, maxTokens, maxSteps, maxRetries, onBreach)")
+    dedupe_key: str | None = Field(None, max_length=256, description="A second start with this key "
+                                   "within dedupe_window returns the first run (200)")
+    dedupe_window: str | float | None = Field(None, description="How long a dedupe_key holds: a duration "
+                                              "(\"24h\") or seconds; a day by default, 30 days at most")
+    debounce_key: str | None = Field(None, max_length=256, description="A start with this key cancels "
+                                     "the run the key queued before it that has not started")
+    debounce: str | float | None = Field(None, description="With debounce_key: the run starts once this "
+                                         "long (\"30s\", or seconds) passes with no newer start")
 
 
 class Decision(Body):

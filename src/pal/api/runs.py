@@ -28,10 +28,13 @@ router = APIRouter()
 def start(body: StartRun, caller: Auth, rt: Rt,
           traceparent: Annotated[str | None, Header(max_length=256)] = None) -> JSONResponse:
     """Start a run; with `run_id`, idempotent: the same id, graph and input return the existing run
-    (200), the same id for another graph or input is a 409. A W3C
+    (200), the same id for another graph or input is a 409; a live `dedupe_key` returns its run
+    (200); a `debounce_key` run waits `debounce`, and a newer start with the key cancels it. A W3C
     `traceparent` header is what the run's first trace links to (an invalid one is ignored)."""
     record, created = start_run(rt, body.graph, body.input, run_id=body.run_id, limits=body.limits,
-                                tenant_id=caller.tenant_id, traceparent=traceparent)
+                                tenant_id=caller.tenant_id, traceparent=traceparent,
+                                dedupe_key=body.dedupe_key, dedupe_window=body.dedupe_window,
+                                debounce_key=body.debounce_key, debounce=body.debounce)
     return JSONResponse(record.as_dict(), status_code=201 if created else 200)
 
 

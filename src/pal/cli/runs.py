@@ -30,6 +30,14 @@ def run(
     timeout: Annotated[float, typer.Option(help="Seconds to follow before giving up.")] = 300.0,
     limits: Annotated[str | None, typer.Option(help="The run's own budget, JSON, over the graph's "
                                                     "(docs/anomalies.md).")] = None,
+    dedupe_key: Annotated[str | None, typer.Option(
+        help="A second start with this key within --dedupe-window gives the first run.")] = None,
+    dedupe_window: Annotated[str | None, typer.Option(help="How long the key holds (default 24h).")] = None,
+    debounce_key: Annotated[str | None, typer.Option(
+        help="Cancel the run this key queued before that has not started; run this one after --debounce.")]
+    = None,
+    debounce: Annotated[str | None, typer.Option(help="The quiet period a debounced run waits, e.g. 30s.")]
+    = None,
 ) -> None:
     """Enqueue a run of GRAPH, then follow it step by step (workers must be running)."""
     from pal.cli.approvals import approval_watcher
@@ -44,7 +52,9 @@ def run(
     try:
         document = load_graph_text(graph.read_text(),
                                    max_bytes=client.settings.max_graph_bytes)
-        new_id = client.start_run(document, run_input, run_id=run_id, limits=run_limits)
+        new_id = client.start_run(document, run_input, run_id=run_id, limits=run_limits,
+                                  dedupe_key=dedupe_key, dedupe_window=dedupe_window,
+                                  debounce_key=debounce_key, debounce=debounce)
     except PalError as exc:
         common.fail(str(exc), common.exit_code(exc))
     out = console()

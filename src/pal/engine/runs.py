@@ -16,6 +16,7 @@ from pal.core.budgets import limits_problems
 from pal.core.clock import utcnow
 from pal.core.limits import depth_problem
 from pal.core.records import RunRecord
+from pal.core.start_keys import DEBOUNCE, start_key
 from pal.engine.runtime import Runtime
 from pal.engine.tracing import current_traceparent, parse_traceparent
 from pal.engine.vms import start_vm
@@ -66,9 +67,18 @@ def start_run(
     tenant_id: str | None = None,
     limits: Any = None,
     traceparent: str | None = None,
+    dedupe_key: str | None = None,
+    dedupe_window: str | float | None = None,
+    debounce_key: str | None = None,
+    debounce: str | float | None = None,
 ) -> tuple[RunRecord, bool]:
     """Validate, create the run (idempotent on `run_id`: the same graph and input give the existing
     run, other ones RunIdReused) and publish its first step.
+
+    `dedupe_key`: a start with the key the tenant used within `dedupe_window` (a duration or
+    seconds; a day by default) gives that run instead. `debounce_key` with `debounce` (the
+    period): this start cancels the run the key's burst queued before it, and starts once the
+    period passes with no newer start (pal.core.start_keys; docs/api.md).
 
     `graph` is a graph document, a plain-LLM spec (`{"kind": "llm", ...}`) or a microVM run
     (`{"kind": "microvm", ...}`, whose first VM is scheduled instead); `limits` is the
@@ -82,16 +92,21 @@ def start_run(
     problems = limits_problems(limits)
     if problems:
         raise InputError("; ".join(problems))
+    key = start_key(dedupe_key=dedupe_key, dedupe_window=dedupe_window, debounce_key=debounce_key,
+                    debounce=debounce)
     plan = rt.validated_plan(graph)
+    if key is not None and plan.kind == "microvm":
+        raise InputError("a microVM run takes no dedupe or debounce key")
     record, created = rt.journal.runs.create_run(
         run_id=run_id or new_run_id(), tenant_id=tenant_id or settings.tenant, kind=plan.kind,
         graph=plan.document, graph_hash=plan.hash, run_input=run_input, now=utcnow(),
         lease_ttl=settings.lease_ttl, max_in_flight=settings.max_runs_in_flight,
         limits=dict(limits) if limits is not None else None, traceparent=parse_traceparent(traceparent),
+        start_key=key,
     )
     if plan.kind == "microvm":
         start_vm(rt, record.id)  # the isolated tier: a VM, not a doorbell (docs/isolated-tier.md)
-    elif created:
+    elif created and not (key is not None and key.purpose == DEBOUNCE):  # debounced: the sweep starts it
         try:
             rt.publish(record.id, plan.program.first_step, 1)
         except BrokerUnavailable as exc:

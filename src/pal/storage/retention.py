@@ -27,6 +27,7 @@ from pal.storage.schema import (
     run_anomalies,
     run_locks,
     run_signals,
+    run_start_keys,
     runs,
     runtime_vms,
     side_effect_receipts,
@@ -39,7 +40,8 @@ Cursor = tuple[datetime, str]  # (finished_at, id) of the last top-level run vis
 _CHUNK = 400  # ids per IN list: far below SQLite's bound on a statement's variables
 # Every table keyed by run besides `runs` (each also cascades from it: deleted explicitly to count
 # the events and to keep the order of deletes obvious).
-_BY_RUN = (journal_events, side_effect_receipts, run_anomalies, runtime_vms, run_signals, run_locks)
+_BY_RUN = (journal_events, side_effect_receipts, run_anomalies, runtime_vms, run_signals, run_start_keys,
+           run_locks)
 
 
 @dataclass(frozen=True)

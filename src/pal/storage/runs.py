@@ -11,11 +11,12 @@ import sqlalchemy as sa
 
 from pal.core.jcs import canonical
 from pal.core.records import Event, Lease, RunRecord
+from pal.core.start_keys import DEBOUNCE, DEDUPE, StartKey
 from pal.core.vocabulary import IN_FLIGHT_STATUSES, EventKind, LockHolder, RunStatus
 from pal.errors import QuotaExceeded, Refused, RunIdReused, RunIdTaken, RunNotFound
 from pal.storage.base import run_record
 from pal.storage.primitives import Primitives
-from pal.storage.schema import journal_events, pruned_runs, run_locks, runs
+from pal.storage.schema import journal_events, pruned_runs, run_locks, run_start_keys, runs
 
 
 class RunStore(Primitives):
@@ -24,14 +25,22 @@ class RunStore(Primitives):
         run_input: Any, now: datetime, lease_ttl: float, parent_run_id: str | None = None,
         parent_step_id: str | None = None, max_in_flight: int | None = None,
         limits: dict[str, Any] | None = None, traceparent: str | None = None,
+        start_key: StartKey | None = None,
     ) -> tuple[RunRecord, bool]:
         """Insert a queued run, its `run_queued` event and its first lease (generation 1). A
         `traceparent` (who started it, docs/observability.md) is kept in `run_queued`.
 
         Idempotent on `run_id`: a second call by the same tenant (and, for a child run, the same
-        parent step) returns the existing run and `False`; any other caller gets RunIdTaken.
+        parent step) returns the existing run and `False`; any other caller gets RunIdTaken. With
+        a dedupe `start_key` held by a run, that run and `False`; with a debounce one, the run its
+        burst queued before is cancelled (`debounced`), and this one's first lease lasts the
+        period: the orphan sweep starts it once the period passes with no newer start.
         """
         with self._tx() as conn:
+            if start_key is not None:
+                held = self._claim_start_key(conn, tenant_id, start_key, run_id, now)
+                if held is not None:
+                    return self._run(conn, held), False
             if parent_run_id is not None:
                 # Under the parent's lock row: a cancellation of the parent either sees this child
                 # or makes this insert see a finished parent.
@@ -70,16 +79,53 @@ class RunStore(Primitives):
             else:
                 self._refuse_pruned(conn, run_id)
                 queued: dict[str, Any] = {"graph_hash": graph_hash}
+                first_lease = timedelta(seconds=lease_ttl)
+                if start_key is not None and start_key.purpose == DEBOUNCE:
+                    first_lease = timedelta(seconds=start_key.seconds)
+                    queued["debounce"] = {"key": start_key.key, "until": (now + first_lease).isoformat()}
                 if traceparent is not None:
                     queued["traceparent"] = traceparent
                 if parent_run_id is not None:
                     queued |= {"parent_run_id": parent_run_id, "parent_step_id": parent_step_id}
                 self._append(conn, run_id, None, None, EventKind.RUN_QUEUED, queued, 1, now)
                 conn.execute(run_locks.insert().values(
-                    run_id=run_id, worker_id=LockHolder.QUEUED,
-                    expires_at=now + timedelta(seconds=lease_ttl), generation=1))
+                    run_id=run_id, worker_id=LockHolder.QUEUED, expires_at=now + first_lease, generation=1))
             record = self._run(conn, run_id)
         return record, inserted is not None
+
+    def _claim_start_key(self, conn: sa.Connection, tenant_id: str, start_key: StartKey, run_id: str,
+                         now: datetime) -> str | None:
+        """Point the tenant's key at `run_id` unless a dedupe key still holds another run: that
+        run's id then (or `run_id` itself when it holds it already). A debounce key still holding a
+        run that has not started cancels that run. Concurrent claims of one key queue on its row."""
+        expires = now + timedelta(seconds=start_key.seconds)
+        claimed = conn.execute(self._insert(run_start_keys).values(
+            tenant_id=tenant_id, purpose=start_key.purpose, key=start_key.key, run_id=run_id,
+            expires_at=expires).on_conflict_do_nothing().returning(run_start_keys.c.run_id)).first()
+        if claimed is not None:
+            return None
+        keys = run_start_keys.c
+        this_key = sa.and_(keys.tenant_id == tenant_id, keys.purpose == start_key.purpose,
+                           keys.key == start_key.key)
+        held = conn.execute(sa.select(run_start_keys.c.run_id, run_start_keys.c.expires_at).where(this_key)
+                            .with_for_update()).one()
+        live = held.expires_at > now
+        if held.run_id == run_id or (live and start_key.purpose == DEDUPE):
+            return str(held.run_id)
+        if live:
+            self._supersede(conn, held.run_id, run_id, now)
+        conn.execute(run_start_keys.update().where(this_key).values(run_id=run_id, expires_at=expires))
+        return None
+
+    def _supersede(self, conn: sa.Connection, earlier: str, later: str, now: datetime) -> None:
+        """Cancel the earlier run of a debounce burst if it has not started (its first lease, held
+        for the period, is still the queued one)."""
+        lock = conn.execute(sa.select(run_locks.c.worker_id, run_locks.c.generation)
+                            .where(run_locks.c.run_id == earlier).with_for_update()).first()
+        if lock is not None and lock.worker_id == LockHolder.QUEUED and lock.generation == 1:
+            self._finish(conn, earlier, RunStatus.CANCELLED, lock.generation, now,
+                         error={"code": "debounced", "by": "pal", "reason": f"superseded by run {later}",
+                                "superseded_by": later})
 
     @staticmethod
     def _refuse_pruned(conn: sa.Connection, run_id: str) -> None:

@@ -327,3 +327,18 @@ run_signals = sa.Table(
     sa.Column("taken_at", UtcDateTime(), nullable=True),
 )
 sa.Index("ix_run_signals_run_name", run_signals.c.run_id, run_signals.c.name, run_signals.c.sent_at)
+
+# A start's dedupe or debounce key (pal.core.start_keys): the run it gave and until when it holds.
+# The key is claimed before its run is inserted, in one transaction, so the foreign key is checked
+# at commit.
+run_start_keys = sa.Table(
+    "run_start_keys",
+    metadata,
+    sa.Column("tenant_id", sa.String(64), primary_key=True),
+    sa.Column("purpose", sa.String(16), primary_key=True),
+    sa.Column("key", sa.String(256), primary_key=True),
+    sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.id", ondelete="CASCADE", deferrable=True,
+                                                      initially="DEFERRED"), nullable=False),
+    sa.Column("expires_at", UtcDateTime(), nullable=False),
+)
+sa.Index("ix_run_start_keys_run", run_start_keys.c.run_id)

@@ -29,6 +29,7 @@ TABLE_PRIVILEGES = {
     "runtime_vms": "SELECT, INSERT, UPDATE",  # the isolated tier's VMs (docs/isolated-tier.md)
     "pruned_runs": "SELECT",  # pruned ids stay taken; kept receipts (docs/retention.md)
     "run_signals": "SELECT, INSERT, UPDATE",  # sent, then taken once by a waiting step
+    "run_start_keys": "SELECT, INSERT, UPDATE",  # a dedupe or debounce key moves to a newer run
 }
 _ROLE = re.compile(r"^[a-z_][a-z0-9_]{0,62}\Z")
 
