@@ -31,8 +31,16 @@ class TemplateError(PalError):
     """A template could not be rendered."""
 
 
-class RunNotFound(PalError):
+class NotFound(PalError):
+    """Nothing of that name is the caller's to see."""
+
+
+class RunNotFound(NotFound):
     """No run with that id exists."""
+
+
+class ScheduleNotFound(NotFound):
+    """The tenant has no schedule of that name."""
 
 
 class ToolError(PalError):

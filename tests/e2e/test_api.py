@@ -144,7 +144,8 @@ def test_the_openapi_schema_lists_every_route(api: Api) -> None:
         "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/waterfall", "/v1/runs/{run_id}/anomalies",
         "/v1/anomalies", "/v1/runtime/report", "/v1/runs/{run_id}/receipt", "/.well-known/pal-receipt-keys",
         "/v1/runs/{run_id}/retry", "/v1/runs/{run_id}/fork", "/v1/runs/{run_id}/signals/{name}",
-        "/v1/runs/{run_id}/steps/{step_id}"}
+        "/v1/runs/{run_id}/steps/{step_id}", "/v1/schedules", "/v1/schedules/{name}",
+        "/v1/schedules/{name}/pause", "/v1/schedules/{name}/resume"}
 
 
 def test_pal_tokens_create_list_revoke(processes: Processes, postgres_backend: Backend) -> None:

@@ -78,7 +78,7 @@ def test_a_teams_celery_app_runs_its_own_task_and_pals_steps(team: Processes, tm
         settings.stdout.strip().splitlines()[-1])
     # The team's settings are Celery's defaults still; PAL's tasks carry their own.
     assert (default_queue, prefetch, acks_late) == ("celery", 4, False)
-    assert beat == ["pal-recompute-baselines", "pal-sweep-orphans"]
+    assert beat == ["pal-fire-schedules", "pal-recompute-baselines", "pal-sweep-orphans"]
     assert (pal_acks_late, pal_reject) == (True, True)
     assert {"team_app.greet", "pal.execute_node", "pal.start_run", "pal.sweep_orphans"} <= set(tasks)
 

@@ -48,7 +48,8 @@ def test_a_second_install_is_refused(tmp_path: Path) -> None:
     app.conf.beat_schedule = {"team-nightly": {"task": "team.nightly", "schedule": 86400}}
     runtime = pal.install(app, settings(tmp_path))
     assert app.runtime is runtime  # type: ignore[attr-defined]
-    assert set(app.conf.beat_schedule) == {"team-nightly", "pal-sweep-orphans", "pal-recompute-baselines"}
+    assert set(app.conf.beat_schedule) == {"team-nightly", "pal-sweep-orphans", "pal-fire-schedules",
+                                            "pal-recompute-baselines"}
     with pytest.raises(ConfigError, match="installed on this Celery app already"):
         pal.install(app, settings(tmp_path))
     app.close()

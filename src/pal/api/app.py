@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from pal.api import approvals, lineage, receipts, runs, signals, steps, stream
+from pal.api import approvals, lineage, receipts, runs, schedules, signals, steps, stream
 from pal.api import runtime as runtime_reports
 from pal.api.dashboard import add_dashboard
 from pal.api.errors import add_error_handlers
@@ -82,8 +82,8 @@ def create_api(settings: Settings, runtime: Runtime | None = None,
     add_error_handlers(api)
     if settings.signing_key:  # a bad key stops `pal api` at its start, not at the first receipt
         trusted_keys(settings)
-    for router in (runs.router, approvals.router, signals.router, stream.router, runtime_reports.router,
-                   receipts.router, lineage.router, steps.router):
+    for router in (runs.router, approvals.router, signals.router, schedules.router, stream.router,
+                   runtime_reports.router, receipts.router, lineage.router, steps.router):
         api.include_router(router)
     add_docs(api)
     add_dashboard(api)

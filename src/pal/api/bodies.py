@@ -41,6 +41,18 @@ class StartRun(Body):
                                          "long (\"30s\", or seconds) passes with no newer start")
 
 
+class AddSchedule(Body):
+    name: str = Field(max_length=64, description="Unique in the tenant: 1-64 letters, digits and _ . : -")
+    cron: str = Field(max_length=128, description="Five cron fields (\"0 9 * * 1-5\") or @hourly, "
+                                                  "@daily, ...")
+    graph: dict[str, Any] = Field(description="The graph each tick runs")
+    input: Any = Field(None, description="Each run's input")
+    timezone: str = Field("UTC", max_length=64, description="The IANA time zone the cron reads in")
+    overlap: str = Field("skip", max_length=8, description="While the previous run is in flight: skip the "
+                                                          "tick, queue it, or cancel that run")
+    catch_up: bool = Field(False, description="After downtime, a run per missed tick (else one)")
+
+
 class Decision(Body):
     comment: str | None = Field(None, max_length=MAX_DECISION_COMMENT_CHARS,
                                 description="Why; journaled with the decision (approval_decided)")

@@ -17,17 +17,17 @@ from pal.errors import (
     BrokerUnavailable,
     GraphError,
     InputError,
+    NotFound,
     PalError,
     QuotaExceeded,
     ReceiptsOff,
     Refused,
-    RunNotFound,
     StorageError,
 )
 
 # First match wins, so a subclass stands before its base (QuotaExceeded is a Refused).
 _STATUS_CODES: tuple[tuple[type[PalError], int], ...] = (
-    (RunNotFound, 404),
+    (NotFound, 404),
     (ReceiptsOff, 501),
     (QuotaExceeded, 429),
     (Refused, 409),

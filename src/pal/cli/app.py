@@ -6,6 +6,7 @@
     pal runs prune                            pal.cli.prune
     pal runs approve|reject|approvals, pal approvals   pal.cli.approvals
     pal tokens ...                            pal.cli.tokens
+    pal schedules ...                         pal.cli.schedules
     pal receipts ...                          pal.cli.receipts
     pal worker|beat|api|flower                pal.cli.servers
     pal demo                                  pal.cli.demo
@@ -21,7 +22,7 @@ from typing import Annotated
 
 import typer
 
-from pal.cli import approvals, db, demo, lineage, prune, receipts, runs, servers, tokens
+from pal.cli import approvals, db, demo, lineage, prune, receipts, runs, schedules, servers, tokens
 from pal.cli.common import EXIT_BAD_INPUT, exit_code
 from pal.core.extras import missing_extra
 from pal.core.redact import install_log_redaction
@@ -54,6 +55,7 @@ runs.runs_app.command("fork")(lineage.runs_fork)
 runs.runs_app.command("prune")(prune.runs_prune)
 app.add_typer(runs.runs_app, name="runs")
 app.add_typer(tokens.tokens_app, name="tokens")
+app.add_typer(schedules.schedules_app, name="schedules")
 app.add_typer(receipts.receipts_app, name="receipts")
 for command in (servers.worker, servers.beat, runs.run, servers.api, db.doctor, servers.flower,
                 demo.demo):

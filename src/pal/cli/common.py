@@ -21,9 +21,9 @@ from pal.errors import (
     ConfigError,
     GraphError,
     InputError,
+    NotFound,
     PalError,
     Refused,
-    RunNotFound,
     StorageError,
 )
 
@@ -50,7 +50,7 @@ def settings() -> Settings:
 def exit_code(exc: PalError) -> int:
     if isinstance(exc, GraphError | InputError | ConfigError):
         return EXIT_BAD_INPUT
-    if isinstance(exc, RunNotFound):
+    if isinstance(exc, NotFound):
         return EXIT_NOT_FOUND
     if isinstance(exc, StorageError | BrokerUnavailable):
         return EXIT_STORAGE

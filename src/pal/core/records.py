@@ -227,3 +227,27 @@ Needs = Callable[[RunRecord, Mapping[str, Any]], "frozenset[str] | None"]
 (pal.plan.interpreter.Program.needs), or None."""
 Replay = Callable[[RunRecord, Mapping[str, Any]], Sequence[str]]
 """replay(run, completed): the steps a re-drive resumes."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    tenant_id: str
+    name: str
+    cron: str
+    timezone: str
+    graph: Any
+    input: Any
+    overlap: str  # "skip" | "queue" | "cancel": what a tick does while the previous run is in flight
+    catch_up: bool  # fire every missed tick after downtime, rather than one
+    paused: bool
+    next_at: datetime
+    last_run_id: str | None
+    last_fired_at: datetime | None
+    last_error: str | None
+    skipped: int
+    created_at: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        """The schedule as the API and CLI show it (its graph left out: it can be large)."""
+        shown = {k: v for k, v in self.__dict__.items() if k not in ("graph", "tenant_id")}
+        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in shown.items()}

@@ -16,17 +16,18 @@ from pal.core.budgets import limits_problems
 from pal.core.clock import utcnow
 from pal.core.limits import depth_problem
 from pal.core.records import RunRecord
-from pal.core.start_keys import DEBOUNCE, start_key
+from pal.core.start_keys import DEBOUNCE, StartKey, start_key
 from pal.engine.runtime import Runtime
 from pal.engine.tracing import current_traceparent, parse_traceparent
 from pal.engine.vms import start_vm
 from pal.engine.waiting import wake_quietly
 from pal.errors import BrokerUnavailable, InputError, WorkLimitExceeded
-from pal.plan.programs import parse_plan
+from pal.plan.programs import Plan, parse_plan
 from pal.tools import registered_tools
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
 CHILD_PREFIX = "child_"  # derived ids of child runs; no caller may choose one (docs/security.md)
+SCHEDULE_PREFIX = "sched_"  # derived ids of schedules' runs, reserved as child runs' are
 
 
 def new_run_id() -> str:
@@ -40,6 +41,8 @@ def check_run_id(run_id: Any) -> None:
                          "starting with a letter or digit")
     if run_id is not None and run_id.lower().startswith(CHILD_PREFIX):
         raise InputError(f"run ids starting with {CHILD_PREFIX!r} are reserved for subagents' child runs")
+    if run_id is not None and run_id.lower().startswith(SCHEDULE_PREFIX):
+        raise InputError(f"run ids starting with {SCHEDULE_PREFIX!r} are reserved for schedules' runs")
 
 
 def check_run_input(run_input: Any, max_bytes: int, max_depth: int = DEFAULT_MAX_JSON_DEPTH, *,
@@ -97,12 +100,27 @@ def start_run(
     plan = rt.validated_plan(graph)
     if key is not None and plan.kind == "microvm":
         raise InputError("a microVM run takes no dedupe or debounce key")
+    return _launch(rt, plan, run_id or new_run_id(), tenant_id or settings.tenant, run_input,
+                   limits=dict(limits) if limits is not None else None,
+                   traceparent=parse_traceparent(traceparent), key=key)
+
+
+def start_scheduled_run(rt: Runtime, graph: Any, run_input: Any, *, run_id: str,
+                        tenant_id: str) -> tuple[RunRecord, bool]:
+    """A schedule's tick: start its run under the id the tick derives (a reserved one, so no caller
+    can take it first), validated as any start; the same tick again gives the same run."""
+    run_input = check_run_input(run_input, rt.settings.max_input_bytes, rt.settings.max_json_depth)
+    return _launch(rt, rt.validated_plan(graph), run_id, tenant_id, run_input)
+
+
+def _launch(rt: Runtime, plan: Plan, run_id: str, tenant_id: str, run_input: Any, *,
+            limits: dict[str, Any] | None = None, traceparent: str | None = None,
+            key: StartKey | None = None) -> tuple[RunRecord, bool]:
+    """Create the validated run and send its first step (a debounced run's: the sweep's, later)."""
     record, created = rt.journal.runs.create_run(
-        run_id=run_id or new_run_id(), tenant_id=tenant_id or settings.tenant, kind=plan.kind,
-        graph=plan.document, graph_hash=plan.hash, run_input=run_input, now=utcnow(),
-        lease_ttl=settings.lease_ttl, max_in_flight=settings.max_runs_in_flight,
-        limits=dict(limits) if limits is not None else None, traceparent=parse_traceparent(traceparent),
-        start_key=key,
+        run_id=run_id, tenant_id=tenant_id, kind=plan.kind, graph=plan.document, graph_hash=plan.hash,
+        run_input=run_input, now=utcnow(), lease_ttl=rt.settings.lease_ttl,
+        max_in_flight=rt.settings.max_runs_in_flight, limits=limits, traceparent=traceparent, start_key=key,
     )
     if plan.kind == "microvm":
         start_vm(rt, record.id)  # the isolated tier: a VM, not a doorbell (docs/isolated-tier.md)

@@ -35,6 +35,7 @@ from pal.storage.receipts import ReceiptStore
 from pal.storage.recovery import RecoveryStore
 from pal.storage.retention import RetentionStore
 from pal.storage.runs import RunStore
+from pal.storage.schedules import ScheduleStore
 from pal.storage.signals import SignalStore
 from pal.storage.steps import StepStore
 from pal.storage.tokens import TokenStore
@@ -52,6 +53,7 @@ class Journal:
         self.steps = StepStore(engine, caches)
         self.waits = WaitStore(engine, caches)
         self.signals = SignalStore(engine, caches)
+        self.schedules = ScheduleStore(engine, caches)
         self.runs = RunStore(engine, caches)
         self.lineage = LineageStore(engine, caches)
         self.retention = RetentionStore(engine, caches)

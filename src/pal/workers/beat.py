@@ -1,12 +1,13 @@
-"""The celery beat schedule: the orphan sweep every PAL_RECOVERY_INTERVAL and the baselines every
-PAL_BASELINE_INTERVAL (declared for operators in beat_schedule.py at the repository root)."""
+"""The celery beat schedule: the orphan sweep and the due schedules' ticks every
+PAL_RECOVERY_INTERVAL, and the baselines every PAL_BASELINE_INTERVAL (declared for operators in
+beat_schedule.py at the repository root)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from pal.config import Settings
-from pal.workers.task_names import RECOMPUTE_BASELINES, SWEEP_ORPHANS
+from pal.workers.task_names import FIRE_SCHEDULES, RECOMPUTE_BASELINES, SWEEP_ORPHANS
 
 
 def schedule_of(settings: Settings) -> dict[str, dict[str, Any]]:
@@ -15,6 +16,11 @@ def schedule_of(settings: Settings) -> dict[str, dict[str, Any]]:
             "task": SWEEP_ORPHANS,
             "schedule": settings.recovery_interval,
             # A pass older than one interval is pointless: the next one is already due.
+            "options": {"queue": settings.queue, "expires": settings.recovery_interval},
+        },
+        "pal-fire-schedules": {
+            "task": FIRE_SCHEDULES,
+            "schedule": settings.recovery_interval,
             "options": {"queue": settings.queue, "expires": settings.recovery_interval},
         },
         "pal-recompute-baselines": {

@@ -6,6 +6,7 @@ EXECUTE_NODE = "pal.execute_node"  # one step of one run: the doorbell
 SWEEP_ORPHANS = "pal.sweep_orphans"  # one pass of the orphan sweep (celery beat)
 START_RUN = "pal.start_run"  # validate and start a run from a message
 SIGNAL = "pal.signal"  # send a signal to a run (its wait_event steps) from a message
+FIRE_SCHEDULES = "pal.fire_schedules"  # start the runs of due schedule ticks (celery beat)
 RECOMPUTE_BASELINES = "pal.recompute_baselines"  # per-node baselines of tokens and cost (beat)
 SPAWN_VM = "pal.spawn_vm"  # start one VM of a microVM run, on PAL_VM_QUEUE (a VM host)
 

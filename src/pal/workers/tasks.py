@@ -15,6 +15,7 @@ from pal.core.clock import utcnow
 from pal.core.records import ClaimAhead
 from pal.engine.recovery import sweep
 from pal.engine.runs import start_run
+from pal.engine.schedules import fire_due
 from pal.engine.signals import send_signal
 from pal.engine.steps import execute_step
 from pal.engine.vms import spawn_vm
@@ -23,6 +24,7 @@ from pal.workers.publishing import TakeBack
 from pal.workers.task_names import (
     CLAIM_AHEAD,
     EXECUTE_NODE,
+    FIRE_SCHEDULES,
     RECOMPUTE_BASELINES,
     RUNS_NEXT,
     SENT_AT_HEADER,
@@ -54,6 +56,7 @@ def register_tasks(app: Celery) -> None:
     task(name=EXECUTE_NODE, bind=True, shared=False, throws=(StepFailed,),
          Strategy="pal.workers.inline:execute_node_strategy", **PER_TASK)(execute_node)
     task(name=SWEEP_ORPHANS, bind=True, shared=False, **PER_TASK)(sweep_orphans)
+    task(name=FIRE_SCHEDULES, bind=True, shared=False, **PER_TASK)(fire_schedules)
     task(name=SPAWN_VM, bind=True, shared=False, **PER_TASK)(spawn_vm_task)
     task(name=RECOMPUTE_BASELINES, bind=True, shared=False, **PER_TASK)(recompute_baselines)
     task(name=START_RUN, bind=True, shared=False, **PER_TASK)(start_run_task)
@@ -90,6 +93,12 @@ def sweep_orphans(task: Any) -> dict[str, Any]:
     return {"found": report.found,
             "recovered": {r: rec.generation for r, rec in report.recovered.items()},
             "microvm": report.microvm}
+
+
+def fire_schedules(task: Any) -> dict[str, Any]:
+    """Start the runs of the schedules' due ticks (celery beat sends it every PAL_RECOVERY_INTERVAL)."""
+    report = fire_due(task.app.runtime)
+    return {"started": report.started, "skipped": report.skipped, "failed": report.failed}
 
 
 def spawn_vm_task(task: Any, vm_id: Any) -> str:

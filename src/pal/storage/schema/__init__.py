@@ -342,3 +342,27 @@ run_start_keys = sa.Table(
     sa.Column("expires_at", UtcDateTime(), nullable=False),
 )
 sa.Index("ix_run_start_keys_run", run_start_keys.c.run_id)
+
+# A tenant's cron schedules (pal.engine.schedules): the run each tick starts and the next tick due.
+# Every beat's pass may fire a due tick; the run's id derives from the schedule and the tick, and
+# `next_at` advances only from the value read, so each tick starts one run.
+schedules = sa.Table(
+    "schedules",
+    metadata,
+    sa.Column("tenant_id", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("cron", sa.String(128), nullable=False),
+    sa.Column("timezone", sa.String(64), nullable=False),
+    sa.Column("graph", _json(), nullable=False),
+    sa.Column("input", _json(), nullable=True),
+    sa.Column("overlap", sa.String(8), nullable=False),
+    sa.Column("catch_up", sa.Boolean(), nullable=False),
+    sa.Column("paused", sa.Boolean(), nullable=False),
+    sa.Column("next_at", UtcDateTime(), nullable=False),
+    sa.Column("last_run_id", sa.String(128), nullable=True),
+    sa.Column("last_fired_at", UtcDateTime(), nullable=True),
+    sa.Column("last_error", sa.Text(), nullable=True),
+    sa.Column("skipped", sa.Integer(), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+)
+sa.Index("ix_schedules_due", schedules.c.next_at)
