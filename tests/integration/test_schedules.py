@@ -13,6 +13,7 @@ import pytest
 
 from pal.client import Client
 from pal.core.records import Schedule
+from pal.engine import schedules as schedules_module
 from pal.engine.schedules import add_schedule, delete_schedule, fire_due, pause, resume, tick_run_id
 from pal.errors import GraphError, InputError, Refused, ScheduleNotFound
 from pal.storage.schema import schedules
@@ -78,16 +79,22 @@ def test_overlap_skip_queue_and_cancel(client: Client) -> None:
 
 
 def test_downtime_gives_one_run_or_with_catch_up_one_per_missed_tick(client: Client) -> None:
+    """The catch-up's runs never execute here (no worker): a run it started itself does not count as
+    the previous run in flight, so each missed tick gets its run, none cancelled or skipped."""
     once = add(client, "once", cron="0 * * * *", overlap="cancel")
     every = add(client, "every", cron="0 * * * *", overlap="cancel", catch_up=True)
+    skipping = add(client, "skipping", cron="0 * * * *", catch_up=True)
     later = once.next_at + timedelta(hours=3, minutes=30)  # four ticks missed
     fire_due(client.runtime, later)
     assert client.runtime.journal.schedules.get("acme", "once").next_at == once.next_at + timedelta(hours=4)
     assert client.runtime.journal.schedules.get("acme", "every").next_at == every.next_at + timedelta(hours=4)
     ran = runs_of(client)
     assert tick_run_id(once, once.next_at) in ran
-    assert {tick_run_id(every, every.next_at + timedelta(hours=h)) for h in range(4)} <= set(ran)
-    assert len(ran) == 5
+    for catching_up in (every, skipping):
+        assert {tick_run_id(catching_up, catching_up.next_at + timedelta(hours=h)) for h in range(4)} <= set(ran)
+    assert len(ran) == 9
+    assert {client.get_run(run_id).status for run_id in ran} == {"queued"}
+    assert client.runtime.journal.schedules.get("acme", "skipping").skipped == 0
 
 
 def test_pause_resume_delete_and_add_again(client: Client) -> None:
@@ -159,3 +166,27 @@ def test_caller_chosen_run_ids_cannot_take_a_ticks_id(client: Client) -> None:
     with pytest.raises(InputError, match="reserved for schedules"):
         client.start_run(GRAPH, run_id=tick_run_id(schedule, schedule.next_at))
     assert runs_of(client) == []
+
+
+def test_schedules_that_stay_due_do_not_hold_back_the_others(client: Client,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """More queued or failing schedules at the head of the due list than one page holds: a pass
+    pages past them, and a zone this machine lacks pauses its schedule with the reason."""
+    monkeypatch.setattr(schedules_module, "DUE_PER_PASS", 2)
+    blocked = [add(client, f"blocked-{n}", cron="0 * * * *", overlap="queue") for n in range(3)]
+    tick = blocked[0].next_at
+    fire_due(client.runtime, tick)  # each starts a run that never ends (no worker)
+    with client.runtime.journal.engine.begin() as conn:
+        conn.execute(schedules.update().where(schedules.c.name == "blocked-2").values(timezone="Atlantis/Lost"))
+    add(client, "late", cron="* * * * *")
+    when = tick + timedelta(hours=1, minutes=1)  # after the three at the head of the due list
+    with client.runtime.journal.engine.begin() as conn:
+        conn.execute(schedules.update().where(schedules.c.name == "late").values(next_at=when))
+    late = client.runtime.journal.schedules.get("acme", "late")
+    report = fire_due(client.runtime, when)
+    assert report.started == [tick_run_id(late, when)]
+    assert "unknown time zone" in report.failed["blocked-2"]
+    lost = client.runtime.journal.schedules.get("acme", "blocked-2")
+    assert lost.paused and "Atlantis/Lost" in (lost.last_error or "")
+    assert [client.runtime.journal.schedules.get("acme", f"blocked-{n}").next_at for n in range(2)] == [
+        tick + timedelta(hours=1)] * 2  # still due, waiting for their runs

@@ -7,10 +7,12 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from pal.core.start_keys import DEBOUNCE, DEDUPE, StartKey
 from pal.core.vocabulary import EventKind, LockHolder, RunStatus
+from pal.errors import RunIdReused
 from pal.storage.journal import Journal
 from tests.storage import kit
 from tests.storage.kit import TTL, at
@@ -94,3 +96,15 @@ def racing_starts(journal: Journal) -> None:
     assert len(got) == 8 and len({run_id for run_id, _ in got}) == 1
     assert [created for _, created in got].count(True) == 1
     assert len(run_ids(journal)) == 1
+
+
+def test_a_run_id_asked_again_under_a_lapsed_key_is_checked_as_any_run_id(journal: Journal) -> None:
+    dedupe = StartKey(DEDUPE, "k", 1.0)
+    assert start(journal, "r1", dedupe) == ("r1", True)
+    with pytest.raises(RunIdReused):  # the key lapsed: the id's own rule holds (other input: refused)
+        start(journal, "r1", dedupe, seconds=5, run_input={"other": True})
+    assert start(journal, "r1", dedupe, seconds=5) == ("r1", False)
+    debounce = StartKey(DEBOUNCE, "d", 30.0)
+    assert start(journal, "r2", debounce) == ("r2", True)
+    assert start(journal, "r2", debounce, seconds=1) == ("r2", False)  # the same start again
+    assert journal.runs.get_run("r2").status == RunStatus.QUEUED  # not superseded by itself

@@ -39,6 +39,9 @@ def test_two_restricted_day_fields_run_on_either() -> None:
         "Fri 2026-02-06 12:00 +0000", "Fri 2026-02-13 12:00 +0000", "Fri 2026-02-20 12:00 +0000",
         "Fri 2026-02-27 12:00 +0000"]
     assert times("0 0 29 2 *", "UTC", datetime(2026, 1, 1, tzinfo=UTC), 1) == ["Tue 2028-02-29 00:00 +0000"]
+    # A day field that starts with `*` is unrestricted, as Vixie reads it: odd days that are Mondays.
+    assert times("0 0 */2 * mon", "UTC", datetime(2026, 2, 1, tzinfo=UTC), 3) == [
+        "Mon 2026-02-09 00:00 +0000", "Mon 2026-02-23 00:00 +0000", "Mon 2026-03-09 00:00 +0000"]
 
 
 def test_clock_changes_run_a_skipped_time_after_and_a_repeated_one_once() -> None:

@@ -3,8 +3,9 @@
 
 Fields take `*`, numbers, ranges `a-b`, steps `*/n` or `a-b/n`, and lists joined by commas; months
 and weekdays also take English names (jan, mon); weekday 0 and 7 are Sunday. When both day fields
-are restricted a day matching either runs, as in Vixie cron. A local time that a clock change
-skips runs at the same wall-clock reading after the change; one that repeats runs once, the first."""
+are restricted (neither starts with `*`) a day matching either runs, as in Vixie cron. A local time
+that a clock change skips runs at the same wall-clock reading after the change; one that repeats
+runs once, the first."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ class Cron:
     days: frozenset[int]
     months: frozenset[int]
     weekdays: frozenset[int]  # 0 Monday .. 6 Sunday, as date.weekday()
-    any_day: bool  # day of month is `*`
-    any_weekday: bool  # day of week is `*`
+    any_day: bool  # day of month starts with `*` (`*`, `*/2`): unrestricted, as Vixie cron reads it
+    any_weekday: bool  # day of week starts with `*`
 
     def runs_on(self, day: date) -> bool:
         if day.month not in self.months:
@@ -74,8 +75,8 @@ def parse_cron(text: object) -> Cron:
     values = [_field(raw, *spec) for raw, spec in zip(fields, _FIELDS, strict=True)]
     weekdays = frozenset((d - 1) % 7 for d in values[4])  # cron's 0 (and 7) is Sunday; weekday() 6
     cron = Cron(minutes=tuple(sorted(values[0])), hours=tuple(sorted(values[1])), days=frozenset(values[2]),
-                months=frozenset(values[3]), weekdays=weekdays, any_day=fields[2] == "*",
-                any_weekday=fields[4] == "*")
+                months=frozenset(values[3]), weekdays=weekdays, any_day=fields[2].startswith("*"),
+                any_weekday=fields[4].startswith("*"))
     cron.next_after(datetime(2000, 1, 1, tzinfo=UTC), ZoneInfo("UTC"))  # never runs: CronError
     return cron
 

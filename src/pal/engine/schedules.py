@@ -22,13 +22,14 @@ from pal.core.records import Schedule
 from pal.core.vocabulary import TERMINAL_STATUSES
 from pal.engine.runs import SCHEDULE_PREFIX, cancel, check_run_input, start_scheduled_run
 from pal.engine.runtime import Runtime
-from pal.errors import BrokerUnavailable, GraphError, InputError, PalError, Refused, RunNotFound
+from pal.errors import BrokerUnavailable, GraphError, InputError, Refused, RunNotFound
 
 log = logging.getLogger(__name__)
 
 OVERLAPS = ("skip", "queue", "cancel")
 MAX_SCHEDULES = 1_000  # per tenant
-DUE_PER_PASS = 200  # schedules one pass fires; the rest are due at the next
+DUE_PER_PASS = 200  # due schedules read at once
+MAX_PAGES = 50  # pages one pass fires (10,000 schedules); the rest are due at the next
 CATCH_UP_PER_PASS = 100  # missed ticks one schedule fires in one pass when catching up
 SCHEDULE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
 
@@ -97,22 +98,35 @@ def tick_run_id(schedule: Schedule, tick: datetime) -> str:
 
 
 def fire_due(rt: Runtime, now: datetime | None = None) -> FiringReport:
-    """One pass: start the runs of every due tick (celery beat's `pal.fire_schedules`)."""
+    """One pass: start the runs of every due tick (celery beat's `pal.fire_schedules`), a page of
+    DUE_PER_PASS schedules at a time, up to MAX_PAGES pages. One schedule's failure is its own."""
     now = now or utcnow()
     report = FiringReport()
-    for schedule in rt.journal.schedules.due(now=now, limit=DUE_PER_PASS):
-        try:
-            _fire(rt, schedule, now, report)
-        except PalError as exc:  # a database hiccup: the tick stays due for the next pass
-            log.warning("schedule %s of %s not fired: %s", schedule.name, schedule.tenant_id, exc)
-            report.failed[schedule.name] = str(exc)
+    after: tuple[datetime, str, str] | None = None
+    for _ in range(MAX_PAGES):
+        page = rt.journal.schedules.due(now=now, limit=DUE_PER_PASS, after=after)
+        for schedule in page:
+            try:
+                _fire(rt, schedule, now, report)
+            except Exception as exc:  # a database hiccup: the tick stays due for the next pass
+                log.warning("schedule %s of %s not fired: %s", schedule.name, schedule.tenant_id, exc)
+                report.failed[schedule.name] = str(exc)
+        if len(page) < DUE_PER_PASS:
+            break
+        after = (page[-1].next_at, page[-1].tenant_id, page[-1].name)
     return report
 
 
 def _fire(rt: Runtime, schedule: Schedule, now: datetime, report: FiringReport) -> None:
-    cron, zone = parse_cron(schedule.cron), parse_zone(schedule.timezone)
+    try:
+        cron, zone = parse_cron(schedule.cron), parse_zone(schedule.timezone)
+    except CronError as exc:  # a zone the API host knew and this worker's tz database lacks
+        rt.journal.schedules.stop(schedule, error=f"paused: {exc}")
+        report.failed[schedule.name] = str(exc)
+        return
+    started_here: set[str] = set()  # a catch-up's own runs do not count as overlapping its next tick
     for _ in range(CATCH_UP_PER_PASS if schedule.catch_up else 1):
-        if _in_flight(rt, schedule.last_run_id):
+        if schedule.last_run_id not in started_here and _in_flight(rt, schedule.last_run_id):
             if schedule.overlap == "queue":
                 return  # the tick stays due until the previous run ends
             if schedule.overlap == "skip":
@@ -129,11 +143,15 @@ def _fire(rt: Runtime, schedule: Schedule, now: datetime, report: FiringReport) 
             return  # another beat took this tick
         if run_id is not None:
             report.started.append(run_id)
+            started_here.add(run_id)
         else:
             report.failed[schedule.name] = str(error)
         if next_at > now:
             return
-        schedule = rt.journal.schedules.get(schedule.tenant_id, schedule.name)
+        again = rt.journal.schedules.get(schedule.tenant_id, schedule.name)
+        if again.paused or again.created_at != schedule.created_at or again.next_at > now:
+            return  # paused, replaced or moved on meanwhile
+        schedule = again
 
 
 def _next_tick(cron: Cron, zone: ZoneInfo, schedule: Schedule, now: datetime) -> datetime:

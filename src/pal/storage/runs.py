@@ -95,9 +95,9 @@ class RunStore(Primitives):
 
     def _claim_start_key(self, conn: sa.Connection, tenant_id: str, start_key: StartKey, run_id: str,
                          now: datetime) -> str | None:
-        """Point the tenant's key at `run_id` unless a dedupe key still holds another run: that
-        run's id then (or `run_id` itself when it holds it already). A debounce key still holding a
-        run that has not started cancels that run. Concurrent claims of one key queue on its row."""
+        """Point the tenant's key at `run_id` unless a dedupe key still holds a run: that run's id
+        then. A debounce key still holding another run that has not started cancels that run.
+        Concurrent claims of one key queue on its row."""
         expires = now + timedelta(seconds=start_key.seconds)
         claimed = conn.execute(self._insert(run_start_keys).values(
             tenant_id=tenant_id, purpose=start_key.purpose, key=start_key.key, run_id=run_id,
@@ -110,11 +110,12 @@ class RunStore(Primitives):
         held = conn.execute(sa.select(run_start_keys.c.run_id, run_start_keys.c.expires_at).where(this_key)
                             .with_for_update()).one()
         live = held.expires_at > now
-        if held.run_id == run_id or (live and start_key.purpose == DEDUPE):
+        if live and start_key.purpose == DEDUPE:
             return str(held.run_id)
-        if live:
-            self._supersede(conn, held.run_id, run_id, now)
-        conn.execute(run_start_keys.update().where(this_key).values(run_id=run_id, expires_at=expires))
+        if held.run_id != run_id:  # the same id again goes through the id's own checks below
+            if live:
+                self._supersede(conn, held.run_id, run_id, now)
+            conn.execute(run_start_keys.update().where(this_key).values(run_id=run_id, expires_at=expires))
         return None
 
     def _supersede(self, conn: sa.Connection, earlier: str, later: str, now: datetime) -> None:

@@ -59,13 +59,25 @@ class ScheduleStore(Primitives):
             if conn.execute(schedules.delete().where(*_named(tenant_id, name))).rowcount != 1:
                 raise ScheduleNotFound(f"no schedule {name!r}")
 
-    def due(self, *, now: datetime, limit: int) -> list[Schedule]:
-        """Unpaused schedules whose next tick is due, the most overdue first."""
+    def due(self, *, now: datetime, limit: int,
+            after: tuple[datetime, str, str] | None = None) -> list[Schedule]:
+        """Unpaused schedules whose next tick is due, the most overdue first; `after` (the last
+        one's next_at, tenant and name) pages on, so a pass visits every due schedule even when
+        those at the head stay due (waiting for a run, or failing)."""
+        query = sa.select(schedules).where(schedules.c.paused.is_(False), schedules.c.next_at <= now)
+        if after is not None:
+            query = query.where(sa.tuple_(schedules.c.next_at, schedules.c.tenant_id, schedules.c.name)
+                                > sa.tuple_(*after))
+        order = (schedules.c.next_at, schedules.c.tenant_id, schedules.c.name)
         with self._tx() as conn:
-            rows = conn.execute(sa.select(schedules).where(schedules.c.paused.is_(False),
-                                                           schedules.c.next_at <= now)
-                                .order_by(schedules.c.next_at).limit(limit)).mappings()
-            return [Schedule(**row) for row in rows]
+            return [Schedule(**row) for row in conn.execute(query.order_by(*order).limit(limit)).mappings()]
+
+    def stop(self, schedule: Schedule, *, error: str) -> None:
+        """Pause a schedule that cannot fire (its time zone unknown to this machine), keeping why."""
+        with self._tx() as conn:
+            conn.execute(schedules.update().where(*_named(schedule.tenant_id, schedule.name),
+                                                  schedules.c.created_at == schedule.created_at)
+                         .values(paused=True, last_error=error[:2000]))
 
     def advance(self, schedule: Schedule, *, next_at: datetime, now: datetime, run_id: str | None,
                 error: str | None) -> bool:
