@@ -16,6 +16,7 @@ Runs, one after the other on the local Postgres and Redis (127.0.0.1 only), each
   bench/sse.py         SSE latency against clients polling the journal
   bench/traces.py      PAL with tracing off and exporting OTLP to a local collector, in turn
   bench/handoff.py     hand-off latency p50/p99 (linear, concurrent) and a 200-branch fan-out
+  bench/fairness.py    another tenant's first-step wait behind one tenant's 10,000 runs, admission off/on
   bench/agents_compare.py  agent-shaped load: 1,000 runs of 3 model calls (a stand-in answering
                        after 1 s) on PAL's set-ups and LangGraph in turn, then 10,000 runs at once
 Ratios are PAL / peer, both measured in this run; medians over --reps repetitions.
@@ -248,6 +249,18 @@ def handoff_lines(handoff: dict[str, Any] | None) -> list[str]:
         if rows else []
 
 
+def fairness_lines(fairness: dict[str, Any] | None) -> list[str]:
+    """Another tenant's first-step wait behind one tenant's flood, admission off and on."""
+    if not fairness:
+        return []
+    off, on = fairness["off"], fairness["on"]
+    rows = [f"| {label} | {_num(row['wait_p50_ms'])} | {_num(row['wait_p99_ms'])} |"
+            for label, row in (("off", off), (f"PAL_TENANT_CONCURRENCY={on['limit']}", on))]
+    return [f"Fairness: another tenant's run, from its start to its first step, while one tenant's "
+            f"{off['flood']} runs drain (bench/fairness.py; p99 on/off {fairness['p99_on_over_off']}):", "",
+            "| admission | wait p50 ms | p99 ms |", "|---|---:|---:|", *rows]
+
+
 def report(results: dict[str, dict[str, Any] | None], reps: int, quick: bool) -> str:
     """The markdown block written into docs/benchmarks.md."""
     sized = " (--quick sizes)" if quick else ""
@@ -262,6 +275,7 @@ def report(results: dict[str, dict[str, Any] | None], reps: int, quick: bool) ->
              *measure_rows(*(results.get(k) or {} for k in ("scale", "recovery", "sse"))), "",
              *trace_lines(results.get("traces")), "",
              *handoff_lines(results.get("handoff")), "",
+             *fairness_lines(results.get("fairness")), "",
              *agents_compare.report_lines(results.get("agents_compare"))]
     failed = failed_scripts(results)
     if failed:
@@ -352,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     plan: list[tuple[str, list[str]]] = [
         ("scale", sized), ("recovery", ["--kills", "5" if args.quick else "20"]),
         ("sse", ["--subscribers", "20" if args.quick else "100"]), ("traces", sized), ("handoff", sized),
+        ("fairness", ["--flood", "1000" if args.quick else "10000",
+                      "--probes", "20" if args.quick else "100"]),
         ("agents_compare", ["--quick"] if args.quick else ["--reps", str(reps)]),
     ]
     with tempfile.TemporaryDirectory(prefix="palbench-all-") as folder:

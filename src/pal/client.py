@@ -62,15 +62,16 @@ class Client:
                   tenant_id: str | None = None, limits: dict[str, Any] | None = None,
                   traceparent: str | None = None, dedupe_key: str | None = None,
                   dedupe_window: str | float | None = None, debounce_key: str | None = None,
-                  debounce: str | float | None = None) -> str:
+                  debounce: str | float | None = None, priority: int | None = None) -> str:
         """Validate and enqueue; the same `run_id` twice returns the existing run. `limits` is the
         run's own budget over the graph's (docs/anomalies.md); `traceparent`, the W3C trace
         context its first trace links to (docs/observability.md). `dedupe_key` (within
         `dedupe_window`, a day by default) gives the key's run again; `debounce_key` with
-        `debounce` runs only the last start of a burst (docs/api.md, "Dedupe and debounce")."""
+        `debounce` runs only the last start of a burst (docs/api.md, "Dedupe and debounce");
+        `priority` (1 first .. 5 last) orders held runs (docs/fairness.md)."""
         record, _ = start_run(self.runtime, graph, input, run_id=run_id, tenant_id=tenant_id, limits=limits,
                               traceparent=traceparent, dedupe_key=dedupe_key, dedupe_window=dedupe_window,
-                              debounce_key=debounce_key, debounce=debounce)
+                              debounce_key=debounce_key, debounce=debounce, priority=priority)
         return record.id
 
     def retry_run(self, run_id: str, *, new_run_id: str | None = None, graph: Any = None) -> str:

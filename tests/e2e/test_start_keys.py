@@ -82,7 +82,7 @@ def test_malformed_keys_are_refused_and_write_nothing(api: Api, processes: Proce
                   {"dedupe_key": "k", "dedupe_window": "forever"}, {"dedupe_key": "k", "dedupe_window": 1e12},
                   {"debounce_key": "k"}, {"debounce_key": "k", "debounce": "8d"},
                   {"dedupe_key": "a", "debounce_key": "b", "debounce": "1s"}, {"dedupe_window": "1h"},
-                  {"dedupe_key": ["k"]}):
+                  {"dedupe_key": ["k"]}, {"priority": 9}, {"priority": "first"}):
         response = api.post("/v1/runs", json={"graph": graph, "input": {}} | extra)
         assert response.status_code == 422, (extra, response.text)
     bad = processes.cli("run", str(write_graph(tmp_path, graph)), "--debounce-key", "k", "--debounce", "0s",

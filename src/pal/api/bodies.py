@@ -39,6 +39,8 @@ class StartRun(Body):
                                      "the run the key queued before it that has not started")
     debounce: str | float | None = Field(None, description="With debounce_key: the run starts once this "
                                          "long (\"30s\", or seconds) passes with no newer start")
+    priority: int | None = Field(None, description="1 (first) to 5 (last): the order held runs get a slot "
+                                 "in (docs/fairness.md); the graph's priority, or 3, when left out")
 
 
 class AddSchedule(Body):

@@ -34,7 +34,8 @@ def start(body: StartRun, caller: Auth, rt: Rt,
     record, created = start_run(rt, body.graph, body.input, run_id=body.run_id, limits=body.limits,
                                 tenant_id=caller.tenant_id, traceparent=traceparent,
                                 dedupe_key=body.dedupe_key, dedupe_window=body.dedupe_window,
-                                debounce_key=body.debounce_key, debounce=body.debounce)
+                                debounce_key=body.debounce_key, debounce=body.debounce,
+                                priority=body.priority)
     return JSONResponse(record.as_dict(), status_code=201 if created else 200)
 
 

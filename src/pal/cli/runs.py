@@ -38,6 +38,8 @@ def run(
     = None,
     debounce: Annotated[str | None, typer.Option(help="The quiet period a debounced run waits, e.g. 30s.")]
     = None,
+    priority: Annotated[int | None, typer.Option(
+        help="1 (first) to 5 (last): when it waits for a slot, its place (docs/fairness.md).")] = None,
 ) -> None:
     """Enqueue a run of GRAPH, then follow it step by step (workers must be running)."""
     from pal.cli.approvals import approval_watcher
@@ -54,7 +56,7 @@ def run(
                                    max_bytes=client.settings.max_graph_bytes)
         new_id = client.start_run(document, run_input, run_id=run_id, limits=run_limits,
                                   dedupe_key=dedupe_key, dedupe_window=dedupe_window,
-                                  debounce_key=debounce_key, debounce=debounce)
+                                  debounce_key=debounce_key, debounce=debounce, priority=priority)
     except PalError as exc:
         common.fail(str(exc), common.exit_code(exc))
     out = console()

@@ -28,6 +28,7 @@ PAL_SMTP_FROM            sender of email nodes that name none (default pal@local
 PAL_DELIVERY_TIMEOUT     one webhook or SMTP delivery's time limit (default 30s)
 PAL_MAX_STEPS_PER_RUN    steps one run may complete; the next one fails the run (default 10,000)
 PAL_MAX_CHILD_RUNS       child runs under one top-level run, at any depth (default 100)
+PAL_TENANT_CONCURRENCY, PAL_TENANT_WEIGHTS   runs a tenant has admitted at once (pal.config.admission)
 PAL_MAX_RUN_DEPTH        deepest subagent nesting; a top-level run is depth 0 (default 4)
 PAL_MAX_RUNS_IN_FLIGHT   top-level runs one tenant may have queued or running (default 1,000)
 PAL_STEP_TIMEOUT         a step's time limit when its node sets no timeoutMs (default 5m)
@@ -79,6 +80,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from pal.config.admission import AdmissionSettings, load_admission
 from pal.config.broker import BrokerOptions, load_broker_options
 from pal.core.anomalies import AnomalyLimits
 from pal.core.confidence import GateMode
@@ -172,6 +174,7 @@ class Settings:
     signing_key: str = field(default="", repr=False)  # PAL_SIGNING_KEY, a secret: never in a repr
     trusted_keys: tuple[str, ...] = ()  # PAL_TRUSTED_KEYS
     broker: BrokerOptions = field(default_factory=BrokerOptions)  # PAL_BROKER_TRANSPORT_OPTIONS, _TLS_*
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)  # PAL_TENANT_CONCURRENCY
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_SECONDS  # PAL_SHUTDOWN_GRACE
 
     @property
@@ -329,6 +332,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         signing_key=env.get("PAL_SIGNING_KEY", "").strip(),
         trusted_keys=tuple(k.strip() for k in env.get("PAL_TRUSTED_KEYS", "").split(",") if k.strip()),
         broker=load_broker_options(env, broker_url, broker_key_prefix),
+        admission=load_admission(env),
         shutdown_grace=_positive_float(env, "PAL_SHUTDOWN_GRACE", DEFAULT_SHUTDOWN_GRACE_SECONDS),
     )
 

@@ -50,6 +50,13 @@ class RunRecord:
     source_run_id: str | None = None
     source_kind: str | None = None  # a SourceKind
     source_step_id: str | None = None
+    priority: int | None = None  # 1 first .. 5 last; None: 3 (pal.core.admission)
+    admitted: bool | None = None  # holds an admission slot, waits for one (False), or neither (None)
+
+    @property
+    def held(self) -> bool:
+        """Queued, waiting for an admission slot (no worker, no message)."""
+        return self.admitted is False and not self.terminal
 
     @property
     def terminal(self) -> bool:
@@ -71,7 +78,7 @@ class RunRecord:
             "created_at": iso(self.created_at), "started_at": iso(self.started_at),
             "finished_at": iso(self.finished_at), "limits": self.limits,
             "source_run_id": self.source_run_id, "source_kind": self.source_kind,
-            "source_step_id": self.source_step_id,
+            "source_step_id": self.source_step_id, "priority": self.priority or 3, "held": self.held,
         }
 
 

@@ -69,6 +69,7 @@ class LockHolder(StrEnum):
 
     QUEUED = "queued"  # a new or resumed run's lease before any worker claimed a step
     PARKED = "waiting"  # a parked run's row is a wake-up timer, not a lease
+    HELD = "held"  # a run waiting for an admission slot: no lease, never an orphan (pal.engine.admission)
 
 
 class ReceiptStatus(StrEnum):

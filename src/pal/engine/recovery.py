@@ -23,6 +23,7 @@ from typing import Any
 from pal.config import Settings
 from pal.core.clock import utcnow
 from pal.core.records import Recovery, RunRecord
+from pal.engine.admission import admit_everywhere
 from pal.engine.runtime import Publish, Runtime
 from pal.engine.tracing import end_generation
 from pal.engine.vms import resume_microvm_runs
@@ -47,6 +48,7 @@ class SweepReport:
     redelivered: dict[str, Recovery] = field(default_factory=dict)  # recoveries sent again
     # orphaned microVM runs: resumeMicroVMRun's decision for each
     microvm: dict[str, str] = field(default_factory=dict)
+    admitted: int = 0  # held runs given a slot whose end went unnoticed (pal.engine.admission)
 
 
 def redrive(rt: Runtime, run_id: str, *, require_expired: bool = True, allow_idle: bool = False,
@@ -138,6 +140,10 @@ def sweep(rt: Runtime, now: datetime | None = None) -> SweepReport:
             report.woken[run_id] = wake(rt, run_id, now=now)
         except PalError:
             log.exception("sweep: waking parked run %s failed; the next pass retries", run_id)
+    try:
+        report.admitted = admit_everywhere(rt)
+    except PalError:
+        log.exception("sweep: the admission pass failed; the next pass retries")
     return report
 
 

@@ -12,11 +12,13 @@ from typing import Any
 
 from pal.config import DEFAULT_MAX_JSON_DEPTH
 from pal.core import secrets
+from pal.core.admission import Admission
 from pal.core.budgets import limits_problems
 from pal.core.clock import utcnow
 from pal.core.limits import depth_problem
 from pal.core.records import RunRecord
 from pal.core.start_keys import DEBOUNCE, StartKey, start_key
+from pal.engine.admission import admission_of, after_run_ended, ring_first_steps
 from pal.engine.runtime import Runtime
 from pal.engine.tracing import current_traceparent, parse_traceparent
 from pal.engine.vms import start_vm
@@ -74,6 +76,7 @@ def start_run(
     dedupe_window: str | float | None = None,
     debounce_key: str | None = None,
     debounce: str | float | None = None,
+    priority: int | None = None,
 ) -> tuple[RunRecord, bool]:
     """Validate, create the run (idempotent on `run_id`: the same graph and input give the existing
     run, other ones RunIdReused) and publish its first step.
@@ -81,7 +84,8 @@ def start_run(
     `dedupe_key`: a start with the key the tenant used within `dedupe_window` (a duration or
     seconds; a day by default) gives that run instead. `debounce_key` with `debounce` (the
     period): this start cancels the run the key's burst queued before it, and starts once the
-    period passes with no newer start (pal.core.start_keys; docs/api.md).
+    period passes with no newer start (pal.core.start_keys; docs/api.md). `priority` (1 first .. 5
+    last) overrides the graph's; a run that heeds a limit waits held for its turn (docs/fairness.md).
 
     `graph` is a graph document, a plain-LLM spec (`{"kind": "llm", ...}`) or a microVM run
     (`{"kind": "microvm", ...}`, whose first VM is scheduled instead); `limits` is the
@@ -100,9 +104,11 @@ def start_run(
     plan = rt.validated_plan(graph)
     if key is not None and plan.kind == "microvm":
         raise InputError("a microVM run takes no dedupe or debounce key")
-    return _launch(rt, plan, run_id or new_run_id(), tenant_id or settings.tenant, run_input,
+    tenant = tenant_id or settings.tenant
+    admission = admission_of(rt, plan.document, run_input, tenant, priority)
+    return _launch(rt, plan, run_id or new_run_id(), tenant, run_input,
                    limits=dict(limits) if limits is not None else None,
-                   traceparent=parse_traceparent(traceparent), key=key)
+                   traceparent=parse_traceparent(traceparent), key=key, admission=admission)
 
 
 def start_scheduled_run(rt: Runtime, graph: Any, run_input: Any, *, run_id: str,
@@ -110,21 +116,28 @@ def start_scheduled_run(rt: Runtime, graph: Any, run_input: Any, *, run_id: str,
     """A schedule's tick: start its run under the id the tick derives (a reserved one, so no caller
     can take it first), validated as any start; the same tick again gives the same run."""
     run_input = check_run_input(run_input, rt.settings.max_input_bytes, rt.settings.max_json_depth)
-    return _launch(rt, rt.validated_plan(graph), run_id, tenant_id, run_input)
+    plan = rt.validated_plan(graph)
+    return _launch(rt, plan, run_id, tenant_id, run_input,
+                   admission=admission_of(rt, plan.document, run_input, tenant_id, None))
 
 
 def _launch(rt: Runtime, plan: Plan, run_id: str, tenant_id: str, run_input: Any, *,
             limits: dict[str, Any] | None = None, traceparent: str | None = None,
-            key: StartKey | None = None) -> tuple[RunRecord, bool]:
-    """Create the validated run and send its first step (a debounced run's: the sweep's, later)."""
+            key: StartKey | None = None, admission: Admission | None = None) -> tuple[RunRecord, bool]:
+    """Create the validated run and send its first step: not a debounced run's (the sweep's, later)
+    nor a held one's (its admission's, in its turn). A microVM or debounced run heeds no admission."""
+    debounced = key is not None and key.purpose == DEBOUNCE
+    admitted_too: list[str] = []
     record, created = rt.journal.runs.create_run(
         run_id=run_id, tenant_id=tenant_id, kind=plan.kind, graph=plan.document, graph_hash=plan.hash,
         run_input=run_input, now=utcnow(), lease_ttl=rt.settings.lease_ttl,
         max_in_flight=rt.settings.max_runs_in_flight, limits=limits, traceparent=traceparent, start_key=key,
+        admission=None if debounced or plan.kind == "microvm" else admission, admitted_too=admitted_too,
     )
+    ring_first_steps(rt, admitted_too)  # slots of runs that ended unnoticed, given to runs held before
     if plan.kind == "microvm":
         start_vm(rt, record.id)  # the isolated tier: a VM, not a doorbell (docs/isolated-tier.md)
-    elif created and not (key is not None and key.purpose == DEBOUNCE):  # debounced: the sweep starts it
+    elif created and not debounced and record.admitted is not False:
         try:
             rt.publish(record.id, plan.program.first_step, 1)
         except BrokerUnavailable as exc:
@@ -187,4 +200,5 @@ def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None,
     cancelled = rt.journal.runs.cancel_run(run_id=run_id, now=now or utcnow(), by=by, reason=reason)
     if run.parent_run_id:
         wake_quietly(rt, run.parent_run_id)
+    after_run_ended(rt, run)
     return cancelled

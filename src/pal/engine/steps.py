@@ -21,6 +21,7 @@ from pal.core.failures import failure_payload
 from pal.core.limits import output_problem
 from pal.core.records import Claim, ClaimAhead, ClaimOutcome, Handoff, RunRecord, Usage
 from pal.core.secrets import reveal, scrub_known
+from pal.engine.admission import after_run_ended
 from pal.engine.async_steps import Finish, Slot
 from pal.engine.gate import gate
 from pal.engine.heartbeat import LeaseGone, TimeLimitReached
@@ -241,16 +242,16 @@ class _Settle:
             exc: BaseException = StepTimeout(
                 f"the step ran past its time limit of {self.limit_s:g}s and was stopped")
             exc.__cause__ = outcome  # its traceback shows where the step's code was when it was stopped
-            return _failed(rt, run_id, step_id, claim.attempt, generation, exc, self.policy,
-                           claim.run.parent_run_id, self.paused)
+            return _failed(rt, run_id, step_id, claim.attempt, generation, exc, self.policy, claim.run,
+                           self.paused)
         if isinstance(outcome, BaseException):  # a node's failure is data for the journal
             exc = outcome
             if isinstance(exc, TypeError | ValueError) and "JSON" in str(exc):
                 not_json = PalError(f"step {step_id!r} returned a value that is not JSON: {exc}")
                 not_json.__cause__ = exc  # the journaled traceback is the encoder's
                 exc = not_json
-            return _failed(rt, run_id, step_id, claim.attempt, generation, exc, self.policy,
-                           claim.run.parent_run_id, self.paused)
+            return _failed(rt, run_id, step_id, claim.attempt, generation, exc, self.policy, claim.run,
+                           self.paused)
         if isinstance(outcome, Park):
             # Outside the node's failure handling: a journal error here is not the node's failure (a
             # retry would start a second child); the lease lapses and a re-drive parks the same attempt.
@@ -329,7 +330,7 @@ def _complete(rt: Runtime, run: RunRecord, step_id: str, attempt: int, generatio
     rt.hand_off(run.id, step_id, handoff.dispatch, generation, ahead=handoff.ahead, prepared=prepared,
                 kept=kept is not None, runs_next=runs_next)
     if handoff.finished:
-        _wake_parent(rt, run.parent_run_id)
+        _ended(rt, run)
     return StepResult("completed", handoff.dispatch, handoff.finished, usage=result.usage, ahead=kept)
 
 
@@ -387,7 +388,7 @@ def _stopped_by_budget(rt: Runtime, run: RunRecord, step_id: str, attempt: int, 
     log.warning("run %s: stopped by its budget before step %s: %s", run.id, step_id,
                 over.as_payload()["message"])
     if failed:
-        _wake_parent(rt, run.parent_run_id)
+        _ended(rt, run)
     return StepResult("failed" if failed else "fenced", finished=failed, error=error)
 
 
@@ -396,8 +397,14 @@ def _wake_parent(rt: Runtime, parent_run_id: str | None) -> None:
         wake_quietly(rt, parent_run_id)
 
 
+def _ended(rt: Runtime, run: RunRecord) -> None:
+    """The run ended here: its parent acts on it; its admission slot goes to a held run."""
+    _wake_parent(rt, run.parent_run_id)
+    after_run_ended(rt, run)
+
+
 def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: int,
-            exc: BaseException, policy: retry.RetryPolicy, parent_run_id: str | None,
+            exc: BaseException, policy: retry.RetryPolicy, run: RunRecord,
             paused: int = 0) -> StepResult:
     """Retry the step when its policy says so, else fail it (and the run). `paused`: attempts
     that were claimed but never ran their node (an approved budget pause)."""
@@ -426,5 +433,5 @@ def _failed(rt: Runtime, run_id: str, step_id: str, attempt: int, generation: in
     # The journaled traceback (bounded, redacted), so the log and the journal say the same.
     log.error("run %s step %s failed (attempt %d): %s: %s\n%s", run_id, step_id, attempt, error["type"],
               error["message"], error["traceback"].rstrip() or "(no traceback)")
-    _wake_parent(rt, parent_run_id)
+    _ended(rt, run)
     return StepResult("failed", finished=True, error=error)

@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from pal.core import templates
+from pal.core.admission import concurrency_problems, priority_problem
 from pal.core.anomalies import anomalies_problems
 from pal.core.budgets import limits_problems
 from pal.core.confidence import LOW_CONFIDENCE
@@ -33,11 +34,11 @@ EmbeddedCheck = Callable[[Mapping[str, Any], frozenset[str] | None], list[str]]
 """The problems of a plan a node embeds, given the known tools (empty when valid)."""
 
 NODE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}\Z")
-# `limits` (the run's budget) and `anomalies` (thresholds) are kept in the run's snapshot; the
-# others are the editor's and are dropped from it.
-WATCH_KEYS = ("limits", "anomalies")
+# `limits` (the run's budget), `anomalies` (thresholds), `concurrency` (its key's limit) and
+# `priority` are kept in the run's snapshot; the others are the editor's and are dropped from it.
+WATCH_KEYS = ("limits", "anomalies", "concurrency")
 TOP_LEVEL_KEYS = frozenset({"nodes", "edges", "viewport", "name", "description", "metadata", "cancelOn",
-                            *WATCH_KEYS})
+                            "priority", *WATCH_KEYS})
 MAX_CANCEL_ON = 16  # signal names in a graph's `cancelOn`
 EDGE_KEYS = frozenset(
     {"id", "source", "target", "sourceHandle", "targetHandle", "type", "label", "animated",
@@ -53,9 +54,10 @@ class Graph:
     edges: tuple[Edge, ...]
     trigger_id: str
     order: tuple[str, ...]  # topological: every node after all its predecessors
-    watch: Mapping[str, Any] = field(default_factory=dict)  # its `limits` and `anomalies` blocks
+    watch: Mapping[str, Any] = field(default_factory=dict)  # its `limits`, `anomalies`, `concurrency`
     name: str | None = None  # kept in the snapshot: the runs list shows and filters by it (docs/api.md)
     cancel_on: tuple[str, ...] = ()  # signals that cancel the run (docs/nodes.md, "cancelOn")
+    priority: int | None = None  # its runs' default priority, 1 first .. 5 last (docs/fairness.md)
 
     @cached_property
     def incoming(self) -> Mapping[str, tuple[Edge, ...]]:
@@ -84,7 +86,8 @@ class Graph:
             ],
         } | {key: self.watch[key] for key in WATCH_KEYS if key in self.watch} | (
             {"name": self.name} if self.name else {}) | (
-            {"cancelOn": list(self.cancel_on)} if self.cancel_on else {})
+            {"cancelOn": list(self.cancel_on)} if self.cancel_on else {}) | (
+            {"priority": self.priority} if self.priority is not None else {})
 
     @cached_property
     def bodies(self) -> Mapping[str, Graph]:
@@ -124,10 +127,14 @@ def parse_graph(
     watch = _watch_blocks(document, problems)
     name = _name(document, problems)
     cancel_on = _cancel_on(document, problems)
+    priority = document.get("priority") if isinstance(document, Mapping) else None
+    problem = priority_problem(priority, "priority")
+    if problem:
+        problems.append(problem)
     if problems or trigger_id is None or order is None:
         raise GraphError(problems)
     return Graph(nodes=nodes, edges=tuple(edges), trigger_id=trigger_id, order=order, watch=watch, name=name,
-                 cancel_on=cancel_on)
+                 cancel_on=cancel_on, priority=priority)
 
 
 def _name(document: Any, problems: list[str]) -> str | None:
@@ -154,11 +161,12 @@ def _cancel_on(document: Any, problems: list[str]) -> tuple[str, ...]:
 
 
 def _watch_blocks(document: Any, problems: list[str]) -> dict[str, Any]:
-    """The graph's validated `limits` and `anomalies` blocks (docs/anomalies.md)."""
+    """The graph's validated `limits`, `anomalies` (docs/anomalies.md) and `concurrency` blocks."""
     if not isinstance(document, Mapping):
         return {}
     problems.extend(limits_problems(document.get("limits")))
     problems.extend(anomalies_problems(document.get("anomalies")))
+    problems.extend(concurrency_problems(document.get("concurrency")))
     return {key: dict(document[key]) for key in WATCH_KEYS if isinstance(document.get(key), Mapping)}
 
 
@@ -172,8 +180,8 @@ def _parse_nodes(
         return {}
     for key in document:
         if key not in TOP_LEVEL_KEYS:
-            problems.append(f"unknown top-level key {key!r} (allowed: nodes, edges, viewport, "
-                            "name, description, metadata, cancelOn, limits, anomalies)")
+            problems.append(f"unknown top-level key {key!r} (allowed: nodes, edges, viewport, name, "
+                            "description, metadata, cancelOn, priority, limits, anomalies, concurrency)")
     raw_nodes = document.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         problems.append("graph needs a non-empty 'nodes' list")

@@ -225,4 +225,5 @@ def run_record(row: sa.RowMapping, graph: Any) -> RunRecord:
         created_at=row["created_at"], started_at=row["started_at"],
         finished_at=row["finished_at"], limits=row["limits"], source_run_id=row["source_run_id"],
         source_kind=row["source_kind"], source_step_id=row["source_step_id"],
+        priority=row.get("priority"), admitted=row.get("admitted"),
     )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Engine
 
+from pal.storage.admission import AdmissionStore
 from pal.storage.anomalies import AnomalyStore
 from pal.storage.base import Caches, StoreBase
 from pal.storage.baselines import BaselineStore
@@ -54,6 +55,7 @@ class Journal:
         self.waits = WaitStore(engine, caches)
         self.signals = SignalStore(engine, caches)
         self.schedules = ScheduleStore(engine, caches)
+        self.admission = AdmissionStore(engine, caches)
         self.runs = RunStore(engine, caches)
         self.lineage = LineageStore(engine, caches)
         self.retention = RetentionStore(engine, caches)

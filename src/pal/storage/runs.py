@@ -9,23 +9,25 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from pal.core.admission import Admission
 from pal.core.jcs import canonical
 from pal.core.records import Event, Lease, RunRecord
 from pal.core.start_keys import DEBOUNCE, DEDUPE, StartKey
 from pal.core.vocabulary import IN_FLIGHT_STATUSES, EventKind, LockHolder, RunStatus
 from pal.errors import QuotaExceeded, Refused, RunIdReused, RunIdTaken, RunNotFound
+from pal.storage.admission import HELD_FOR, Admitting
 from pal.storage.base import run_record
-from pal.storage.primitives import Primitives
 from pal.storage.schema import journal_events, pruned_runs, run_locks, run_start_keys, runs
 
 
-class RunStore(Primitives):
+class RunStore(Admitting):
     def create_run(
         self, *, run_id: str, tenant_id: str, kind: str, graph: Any, graph_hash: str | None,
         run_input: Any, now: datetime, lease_ttl: float, parent_run_id: str | None = None,
         parent_step_id: str | None = None, max_in_flight: int | None = None,
         limits: dict[str, Any] | None = None, traceparent: str | None = None,
-        start_key: StartKey | None = None,
+        start_key: StartKey | None = None, admission: Admission | None = None,
+        admitted_too: list[str] | None = None,
     ) -> tuple[RunRecord, bool]:
         """Insert a queued run, its `run_queued` event and its first lease (generation 1). A
         `traceparent` (who started it, docs/observability.md) is kept in `run_queued`.
@@ -34,7 +36,9 @@ class RunStore(Primitives):
         parent step) returns the existing run and `False`; any other caller gets RunIdTaken. With
         a dedupe `start_key` held by a run, that run and `False`; with a debounce one, the run its
         burst queued before is cancelled (`debounced`), and this one's first lease lasts the
-        period: the orphan sweep starts it once the period passes with no newer start.
+        period: the orphan sweep starts it once the period passes with no newer start. A new run
+        whose `admission` is limited is inserted held and gets a slot only in its turn (the run's
+        `admitted`); other held runs the same pass admits are added to `admitted_too`.
         """
         with self._tx() as conn:
             if start_key is not None:
@@ -58,6 +62,9 @@ class RunStore(Primitives):
                     tier="microvm" if kind == "microvm" else "shared",
                     parent_run_id=parent_run_id, parent_step_id=parent_step_id,
                     cost_usd=Decimal(0), input_tokens=0, output_tokens=0, created_at=now, limits=limits,
+                    priority=admission.priority if admission else None,
+                    concurrency_key=admission.key if admission else None,
+                    admitted=False if admission and admission.limited else None,
                 ).on_conflict_do_nothing().returning(runs.c.id)
             ).first()
             if inserted is None:
@@ -87,9 +94,19 @@ class RunStore(Primitives):
                     queued["traceparent"] = traceparent
                 if parent_run_id is not None:
                     queued |= {"parent_run_id": parent_run_id, "parent_step_id": parent_step_id}
+                limited = admission is not None and admission.limited
+                if limited:
+                    assert admission is not None
+                    queued["admission"] = {"priority": admission.priority, "key": admission.key}
                 self._append(conn, run_id, None, None, EventKind.RUN_QUEUED, queued, 1, now)
                 conn.execute(run_locks.insert().values(
-                    run_id=run_id, worker_id=LockHolder.QUEUED, expires_at=now + first_lease, generation=1))
+                    run_id=run_id, worker_id=LockHolder.HELD if limited else LockHolder.QUEUED,
+                    expires_at=now + (HELD_FOR if limited else first_lease), generation=1))
+                if admission is not None and limited:
+                    self._lock_tenant(conn, tenant_id)
+                    admitted = self._admit_held(conn, tenant_id, admission.tenant_limit, now, lease_ttl)
+                    if admitted_too is not None:
+                        admitted_too.extend(a for a in admitted if a != run_id)
             record = self._run(conn, run_id)
         return record, inserted is not None
 
@@ -170,6 +187,9 @@ class RunStore(Primitives):
                     cancelled.append(current)
                 frontier += list(conn.execute(sa.select(runs.c.id).where(runs.c.parent_run_id == current)
                                               .order_by(runs.c.created_at)).scalars())
+            # A held run cancelled waits for no slot: out of the admission passes' scan.
+            conn.execute(runs.update().where(runs.c.id.in_(cancelled), runs.c.admitted.is_(False))
+                         .values(admitted=None))
         return cancelled
 
     def run_exists(self, run_id: str) -> bool:

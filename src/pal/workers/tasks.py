@@ -116,7 +116,7 @@ def recompute_baselines(task: Any) -> int:
 
 def start_run_task(task: Any, graph: Any, input: Any = None, run_id: str | None = None,
                    tenant_id: str | None = None, dedupe_key: Any = None, dedupe_window: Any = None,
-                   debounce_key: Any = None, debounce: Any = None) -> dict[str, Any]:
+                   debounce_key: Any = None, debounce: Any = None, priority: Any = None) -> dict[str, Any]:
     """Validate and start a run; an invalid request is logged and writes nothing. A `traceparent`
     message header is what the run's first trace links to."""
     if not isinstance(tenant_id, str | None):
@@ -127,7 +127,8 @@ def start_run_task(task: Any, graph: Any, input: Any = None, run_id: str | None 
     try:
         record, created = start_run(task.app.runtime, graph, input, run_id=run_id,
                                     tenant_id=tenant_id, traceparent=traceparent, dedupe_key=dedupe_key,
-                                    dedupe_window=dedupe_window, debounce_key=debounce_key, debounce=debounce)
+                                    dedupe_window=dedupe_window, debounce_key=debounce_key, debounce=debounce,
+                                    priority=priority)
     except (GraphError, InputError, Refused) as exc:
         log.error("pal.start_run refused: %s", exc)
         return {"error": str(exc)}

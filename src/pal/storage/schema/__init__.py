@@ -79,6 +79,12 @@ runs = sa.Table(
     sa.Column("source_run_id", sa.String(128), nullable=True),
     sa.Column("source_kind", sa.String(16), nullable=True),
     sa.Column("source_step_id", sa.String(256), nullable=True),
+    # Admission (migration 0029, pal.engine.admission): its priority (1 first .. 5 last, NULL 3), its
+    # graph's rendered concurrency key, and whether it holds a slot (TRUE), waits for one (FALSE), or
+    # was started with no limit to heed or has given its slot back (NULL).
+    sa.Column("priority", sa.SmallInteger(), nullable=True),
+    sa.Column("concurrency_key", sa.String(256), nullable=True),
+    sa.Column("admitted", sa.Boolean(), nullable=True),
     sa.CheckConstraint("kind IN ('graph', 'llm', 'microvm')", name="kind"),
     sa.CheckConstraint(
         "status IN ('queued', 'running', 'waiting', 'succeeded', 'failed', 'cancelled')",
@@ -88,6 +94,11 @@ runs = sa.Table(
     sa.CheckConstraint("source_kind IS NULL OR source_kind IN ('retry', 'fork')", name="source_kind"),
 )
 sa.Index("ix_runs_tenant_created", runs.c.tenant_id, runs.c.created_at)
+# The runs holding an admission slot, and those waiting for one in the order they get it.
+sa.Index("ix_runs_admitted", runs.c.tenant_id, runs.c.concurrency_key,
+         postgresql_where=runs.c.admitted.is_(True), sqlite_where=runs.c.admitted.is_(True))
+sa.Index("ix_runs_held", runs.c.tenant_id, runs.c.priority, runs.c.created_at, runs.c.id,
+         postgresql_where=runs.c.admitted.is_(False), sqlite_where=runs.c.admitted.is_(False))
 # The runs derived from a run (GET /v1/runs/{id}'s derived_runs): only derived runs are indexed.
 sa.Index(
     "ix_runs_source_run_id",
@@ -342,6 +353,13 @@ run_start_keys = sa.Table(
     sa.Column("expires_at", UtcDateTime(), nullable=False),
 )
 sa.Index("ix_run_start_keys_run", run_start_keys.c.run_id)
+
+# One row per tenant whose runs are admitted under a limit: admissions of a tenant queue on it.
+tenant_admission = sa.Table(
+    "tenant_admission",
+    metadata,
+    sa.Column("tenant_id", sa.String(64), primary_key=True),
+)
 
 # A tenant's cron schedules (pal.engine.schedules): the run each tick starts and the next tick due.
 # Every beat's pass may fire a due tick; the run's id derives from the schedule and the tick, and

@@ -30,6 +30,7 @@ TABLE_PRIVILEGES = {
     "pruned_runs": "SELECT",  # pruned ids stay taken; kept receipts (docs/retention.md)
     "run_signals": "SELECT, INSERT, UPDATE",  # sent, then taken once by a waiting step
     "run_start_keys": "SELECT, INSERT, UPDATE",  # a dedupe or debounce key moves to a newer run
+    "tenant_admission": "SELECT, INSERT, UPDATE",  # a lock row per tenant: admissions queue on it
     "schedules": "SELECT, INSERT, UPDATE, DELETE",  # pal schedules add|pause|resume|delete, beat's ticks
 }
 _ROLE = re.compile(r"^[a-z_][a-z0-9_]{0,62}\Z")
