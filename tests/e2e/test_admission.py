@@ -16,6 +16,7 @@ import pytest
 from pal.cli.demo import wait_until
 from pal.client import Client
 from pal.config.admission import load_admission
+from pal.engine.recovery import ResumeRefused, resume
 from pal.errors import InputError
 from tests.conftest import Backend
 from tests.e2e.test_crash_recovery import assert_exactly_once
@@ -101,6 +102,9 @@ def test_held_runs_start_by_priority_and_bad_keys_are_refused(processes: Process
     order = [client.start_run(napping_graph(0.0, priority=4), {"n": "graph-4"}),
              client.start_run(napping_graph(0.0, priority=4), {"n": "asked-1"}, priority=1),
              client.start_run(napping_graph(0.0), {"n": "default-3"})]
+    with pytest.raises(ResumeRefused, match="admission slot"):  # a held run waits its turn
+        resume(client.runtime, order[0])
+    assert client.runtime.journal.runs.get_lease(order[0]) is None
     processes.worker("w", PAL_TENANT_CONCURRENCY="1")
     processes.beat()
     starts = {run_id: span(client, run_id)[0] for run_id in (busy, *order)}

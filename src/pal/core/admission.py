@@ -11,8 +11,18 @@ from typing import Any
 
 DEFAULT_PRIORITY = 3
 PRIORITIES = range(1, 6)
-MAX_KEY_CHARS = 256
+MAX_KEY_CHARS = 240  # rendered; stored with its limit in 256
 MAX_KEY_LIMIT = 100_000
+
+
+def pool_key(key: str, limit: int) -> str:
+    """The stored key of a run's concurrency pool: its limit and its rendered key, so graphs that
+    share a key with different limits are different pools, and a pass knows each pool's limit."""
+    return f"{limit}:{key}"
+
+
+def pool_limit(stored: str) -> int:
+    return int(stored.split(":", 1)[0])
 
 
 @dataclass(frozen=True)
@@ -21,7 +31,7 @@ class Admission:
 
     priority: int = DEFAULT_PRIORITY
     tenant_limit: int | None = None
-    key: str | None = None  # the rendered concurrency key, scoped to the tenant
+    key: str | None = None  # the run's pool (pool_key): its limit and rendered key, per tenant
     key_limit: int | None = None
 
     @property

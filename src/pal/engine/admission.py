@@ -8,7 +8,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pal.core.admission import DEFAULT_PRIORITY, MAX_KEY_CHARS, Admission, priority_problem
+from pal.core.admission import DEFAULT_PRIORITY, MAX_KEY_CHARS, Admission, pool_key, priority_problem
 from pal.core.clock import utcnow
 from pal.core.records import RunRecord
 from pal.core.templates import render_string
@@ -27,7 +27,7 @@ def admission_of(rt: Runtime, document: Any, run_input: Any, tenant_id: str, pri
     graph = document if isinstance(document, Mapping) else {}
     chosen = priority if priority is not None else graph.get("priority") or DEFAULT_PRIORITY
     block = graph.get("concurrency")
-    key = _key(block["key"], run_input) if isinstance(block, Mapping) else None
+    key = pool_key(_key(block["key"], run_input), block["limit"]) if isinstance(block, Mapping) else None
     return Admission(priority=chosen, tenant_limit=rt.settings.admission.limit_of(tenant_id), key=key,
                      key_limit=block["limit"] if isinstance(block, Mapping) else None)
 
@@ -77,5 +77,12 @@ def after_run_ended(rt: Runtime, run: RunRecord) -> None:
 
 
 def admit_everywhere(rt: Runtime) -> int:
-    """The sweep's pass: every tenant with held runs; how many runs were admitted."""
-    return sum(len(admit(rt, tenant)) for tenant in rt.journal.admission.tenants_waiting())
+    """The sweep's pass: every tenant with held runs (longest waiting first); how many runs were
+    admitted. One tenant's failure is its own."""
+    admitted = 0
+    for tenant in rt.journal.admission.tenants_waiting():
+        try:
+            admitted += len(admit(rt, tenant))
+        except PalError:
+            log.warning("sweep: admission for tenant %s failed; the next pass retries", tenant, exc_info=True)
+    return admitted

@@ -216,6 +216,9 @@ def resume(rt: Runtime, run_id: str, now: datetime | None = None) -> Recovery:
         raise ResumeRefused(f"run {run_id} is {run.status}; there is nothing to resume")
     if run.status not in ("queued", "running"):
         raise ResumeRefused(f"run {run_id} is {run.status}; only queued or running runs resume")
+    if run.admitted is False:
+        raise ResumeRefused(f"run {run_id} waits for an admission slot (docs/fairness.md); it starts in "
+                            "its turn")
     try:
         recovery = redrive(rt, run_id, allow_idle=True, now=now)
     except LeaseBusy as exc:

@@ -9,12 +9,13 @@ from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
+from pal.core.admission import pool_limit
 from pal.core.vocabulary import TERMINAL_STATUSES, LockHolder, RunStatus
 from pal.storage.primitives import Primitives
 from pal.storage.schema import run_locks, runs, tenant_admission
 
 HELD_FOR = timedelta(days=36_500)  # a held run's lock row: never an expired lease, so never an orphan
-SCAN_PAST_FULL_KEYS = 100  # held runs a pass looks past when their keys are full
+SCAN_PAST_FULL_KEYS = 100  # held runs a pass reads past its room: pools that fill up during it
 _HELD = sa.and_(runs.c.admitted.is_(False), runs.c.status == RunStatus.QUEUED)
 
 
@@ -33,26 +34,31 @@ class Admitting(Primitives):
         run whose key is full; the runs admitted. Call under `_lock_tenant`. The slots of finished
         runs are freed first."""
         mine = runs.c.tenant_id == tenant_id
-        finished = runs.c.status.in_(TERMINAL_STATUSES)
-        conn.execute(runs.update().where(mine, runs.c.admitted.is_(True), finished).values(admitted=None))
+        # A cancelled or failed run's step may still run until its next journal write or heartbeat
+        # sees the lease gone: its slot frees one lease after its end (the sweep's pass takes it).
+        done = sa.or_(runs.c.status == RunStatus.SUCCEEDED, sa.and_(
+            runs.c.status.in_(TERMINAL_STATUSES), runs.c.finished_at <= now - timedelta(seconds=lease_ttl)))
+        conn.execute(runs.update().where(mine, runs.c.admitted.is_(True), done).values(admitted=None))
         counts = conn.execute(sa.select(runs.c.concurrency_key, sa.func.count())
                               .where(mine, runs.c.admitted.is_(True)).group_by(runs.c.concurrency_key)).all()
         by_key: Counter[str | None] = Counter({key: count for key, count in counts})
         room = tenant_limit - sum(by_key.values()) if tenant_limit is not None else SCAN_PAST_FULL_KEYS
         if room <= 0:
             return []
-        key_limit = runs.c.graph["concurrency"]["limit"].as_integer()
+        full = [key for key, count in by_key.items() if key is not None and count >= pool_limit(key)]
+        open_pool = sa.or_(runs.c.concurrency_key.is_(None), runs.c.concurrency_key.not_in(full)) if full \
+            else sa.true()
         candidates = conn.execute(
-            sa.select(runs.c.id, runs.c.concurrency_key, key_limit)
+            sa.select(runs.c.id, runs.c.concurrency_key)
             .select_from(runs.join(run_locks, run_locks.c.run_id == runs.c.id))
-            .where(mine, _HELD, run_locks.c.worker_id == LockHolder.HELD)
+            .where(mine, _HELD, open_pool, run_locks.c.worker_id == LockHolder.HELD)
             .order_by(runs.c.priority, runs.c.created_at, runs.c.id)  # set on every held run: ix_runs_held
             .limit(room + SCAN_PAST_FULL_KEYS).with_for_update(of=run_locks, skip_locked=True)).all()
         admitted: list[str] = []
-        for run_id, key, limit in candidates:
+        for run_id, key in candidates:  # full pools were left out; one may fill up in this pass
             if len(admitted) >= room:
                 break
-            if key is not None and by_key[key] >= (limit or 1):
+            if key is not None and by_key[key] >= pool_limit(key):
                 continue
             by_key[key] += 1
             admitted.append(run_id)
@@ -72,7 +78,9 @@ class AdmissionStore(Admitting):
             return self._admit_held(conn, tenant_id, tenant_limit, now, lease_ttl)
 
     def tenants_waiting(self, *, limit: int = 1_000) -> list[str]:
-        """Tenants with held runs (the sweep's pass looks at each)."""
+        """Tenants with held runs, the one whose oldest held run waits longest first (the sweep's
+        pass looks at each)."""
         with self._tx() as conn:
-            query = sa.select(runs.c.tenant_id).where(_HELD).group_by(runs.c.tenant_id).limit(limit)
+            query = (sa.select(runs.c.tenant_id).where(_HELD).group_by(runs.c.tenant_id)
+                     .order_by(sa.func.min(runs.c.created_at)).limit(limit))
             return list(conn.execute(query).scalars())

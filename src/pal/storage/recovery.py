@@ -132,7 +132,8 @@ class RecoveryStore(Primitives):
         """Take the runs' leases, in the order given: one UPSERT (generation + 1, or a new lock row
         at generation 1 for a run that had none). Only an expired lease is taken unless
         `take_live` (or it is `held_by` one of these), and never a parked run's wake-up timer (the
-        run may have parked since it was read). The generation of each run taken."""
+        run may have parked since it was read) nor a held run's lock row (it waits for an admission
+        slot). The generation of each run taken."""
         takeable = sa.or_(run_locks.c.expires_at < now, run_locks.c.worker_id.in_(held_by)) if held_by \
             else run_locks.c.expires_at < now
         stmt = self._insert(run_locks).values([
@@ -142,7 +143,7 @@ class RecoveryStore(Primitives):
             index_elements=[run_locks.c.run_id],
             set_={"worker_id": worker_id, "expires_at": expires, "redeliver_at": redeliver_at,
                   "generation": run_locks.c.generation + 1},
-            where=sa.and_(run_locks.c.worker_id != LockHolder.PARKED,
+            where=sa.and_(run_locks.c.worker_id.not_in((LockHolder.PARKED, LockHolder.HELD)),
                           sa.true() if take_live else takeable),
         ).returning(run_locks.c.run_id, run_locks.c.generation)
         return {run_id: generation for run_id, generation in conn.execute(stmt).all()}

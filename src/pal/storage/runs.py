@@ -266,13 +266,14 @@ class RunStore(Admitting):
             return [Event(**dict(r)) for r in conn.execute(query).mappings()]
 
     def get_lease(self, run_id: str) -> Lease | None:
-        """The run's lease; None for a finished run and for a parked one (its lock row is only a
-        wake-up timer, see `wake_time`)."""
+        """The run's lease; None for a finished run, a parked one (its lock row is only a wake-up
+        timer, see `wake_time`) and a held one (it waits for an admission slot)."""
         with self._tx() as conn:
             row = conn.execute(
                 sa.select(run_locks).where(run_locks.c.run_id == run_id)
             ).mappings().first()
-        return Lease(**dict(row)) if row and row["worker_id"] != LockHolder.PARKED else None
+        no_lease = (LockHolder.PARKED, LockHolder.HELD)
+        return Lease(**dict(row)) if row and row["worker_id"] not in no_lease else None
 
 
 def _same_request(existing: Any, graph_hash: str | None, run_input: Any) -> bool:
